@@ -1,0 +1,54 @@
+"""textenv: teach language models to use tools with reinforcement learning.
+
+Public names are imported lazily, so `import textenv` stays fast and pulls in torch/transformers only
+when a name that needs them is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_PUBLIC_NAMES = {
+    # environment
+    "TextEnvironment": "textenv.environment",
+    "TextHistory": "textenv.environment",
+    "parse_tool_call": "textenv.environment",
+    # rollout
+    "RolloutEngine": "textenv.rollout",
+    # tools
+    "Calculator": "textenv.tools",
+    "PythonInterpreter": "textenv.tools",
+    "WikiSearch": "textenv.tools",
+    "load_tool": "textenv.tools",
+    "save_tool": "textenv.tools",
+    # PPO
+    "PPOConfig": "textenv.ppo",
+    "PPOTrainer": "textenv.ppo",
+    "AutoModelForCausalLMWithValueHead": "textenv.ppo",
+    "create_reference_model": "textenv.ppo",
+    # Gym
+    "Env": "textenv.gym",
+    "ContextManager": "textenv.gym",
+    "GymScheduler": "textenv.gym",
+    # models
+    "load_model": "textenv.models",
+    "load_bundled_model": "textenv.models",
+    "load_tokenizer": "textenv.models",
+}
+
+__all__ = sorted(_PUBLIC_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC_NAMES:
+        raise AttributeError(f"module 'textenv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC_NAMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

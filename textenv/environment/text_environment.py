@@ -1,0 +1,289 @@
+"""TextEnvironment: let a model call tools in text, episode by episode, and record what happened.
+
+The model writes ``<request><ToolName>query<call>``; the environment runs the tool and appends
+``response<response>``; the model ends the episode with ``<submit>`` (or by not calling a tool, or EOS).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+
+from textenv.environment.history import TextHistory
+from textenv.environment.syntax import (
+    CALL_TOKEN,
+    CONTROL_TAGS,
+    REQUEST_TOKEN,
+    RESPONSE_TOKEN,
+    SUBMIT_TOKEN,
+    neutralize,
+    parse_tool_call,
+)
+from textenv.rollout.engine import RolloutEngine, ensure_pad_token, model_device, unwrap_model
+from textenv.tools.base import call_tool, tools_by_name
+
+DEFAULT_MAX_TOOL_RESPONSE = 100
+
+
+class TextEnvironment:
+    """Runs tool-using episodes for a batch of queries and returns what `PPOTrainer.step` takes.
+
+    Args:
+        model: a causal LM (`AutoModelForCausalLM`) or a value-head wrapper around one.
+        tokenizer: the model's tokenizer. Without a pad token, EOS is used (with a warning).
+        tools (`dict` or `list`): tools by name (`{"Calculator": fn}`), or a list of tools named by their
+            class name (or their `name` attribute for smolagents-style tools).
+        reward_fn (`Callable`): called once per batch as `reward_fn(last_segments, **run_kwargs)` with the
+            list of each episode's last text segment; returns one reward per episode.
+        prompt (`str`): text put in front of every query (usually few-shot examples).
+        max_turns (`int`, defaults to 4): model turns per episode; an episode still running after them
+            is completed and marked truncated.
+        max_tool_reponse (`int`, defaults to 100): longest tool response in characters; longer responses
+            keep their first `max_tool_reponse - 3` characters followed by `"..."`. The legacy spelling;
+            `max_tool_response` is accepted as well.
+        max_length (`int`, *optional*): longest episode in tokens (the tokens the history really holds);
+            a longer one is completed and marked truncated.
+        generation_kwargs (`dict`, *optional*): passed to `generate` (`max_new_tokens`, `do_sample`, ...).
+            Kept as given and never modified.
+        max_tool_response (`int`, *optional*): same as `max_tool_reponse`.
+        batch_size (`int`, defaults to 16): episodes generated together.
+        tool_timeout (`float`, *optional*): seconds a tool may run before its response becomes
+            `"Tool error: ... timed out"`.
+    """
+
+    def __init__(
+        self,
+        model=None,
+        tokenizer=None,
+        tools: dict | list | None = None,
+        reward_fn: Callable | None = None,
+        prompt: str | None = None,
+        max_turns: int = 4,
+        max_tool_reponse: int | None = None,
+        max_length: int | None = None,
+        generation_kwargs: dict | None = None,
+        *,
+        max_tool_response: int | None = None,
+        batch_size: int = 16,
+        tool_timeout: float | None = None,
+    ):
+        if model is None or tokenizer is None:
+            raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}.")
+        _check_positive_int("max_turns", max_turns, allow_zero=True)
+        if max_length is not None:
+            _check_positive_int("max_length", max_length)
+        self.model = model
+        self.tokenizer = tokenizer
+        ensure_pad_token(tokenizer)
+        self.tools = tools_by_name(tools)
+        self.reward_fn = reward_fn
+        self.prompt = prompt if prompt is not None else ""
+        self.max_turns = max_turns
+        self.max_tool_response = _resolve_max_tool_response(max_tool_reponse, max_tool_response)
+        self.max_length = max_length
+        self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
+        self.batch_size = batch_size
+        self.tool_timeout = tool_timeout
+        self.request_token = REQUEST_TOKEN
+        self.call_token = CALL_TOKEN
+        self.response_token = RESPONSE_TOKEN
+        self.submit_token = SUBMIT_TOKEN
+        self.is_encoder_decoder = bool(getattr(getattr(unwrap_model(model), "config", None), "is_encoder_decoder", False))
+        if self.is_encoder_decoder:
+            raise NotImplementedError("TextEnvironment supports decoder-only (causal) language models.")
+        self.current_device = model_device(model)
+        self._engine = RolloutEngine(model, tokenizer, batch_size=batch_size)
+
+    # ------------------------------------------------------------------ episodes
+    def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:
+        """Run one episode per query.
+
+        Args:
+            queries (`list[str]`): the tasks; each episode starts from `prompt + query`.
+            rewards_kwargs: passed to `reward_fn` (for example `answers=answers`).
+
+        Returns:
+            `(queries, responses, masks, rewards, histories)`, one entry per query in input order: the
+            first segment's token ids, all later token ids (model and tool interleaved), their mask
+            (1 = model token), the reward, and the `TextHistory`.
+        """
+        _check_queries(queries)
+        histories = [self._start_history(index, query) for index, query in enumerate(queries)]
+        turns = 0
+        while any(not history.completed for history in histories) and turns < self.max_turns:
+            histories = self.generate(histories)
+            histories = self.tasks_end_check(histories)
+            for index in range(len(histories)):
+                histories[index] = self.step(histories[index])
+            histories = self.tasks_end_check(histories, model_turn=False)
+            turns += 1
+        for history in histories:
+            if not history.completed:
+                history.complete(truncated=True)
+        self.compute_reward(histories, **rewards_kwargs)
+        split = [history.split_query_response_tokens() for history in histories]
+        queries_tokens = [query for query, _, _ in split]
+        responses = [response for _, response, _ in split]
+        masks = [mask for _, _, mask in split]
+        rewards = [history.reward for history in histories]
+        return queries_tokens, responses, masks, rewards, histories
+
+    def _start_history(self, index: int, query: str) -> TextHistory:
+        text = self.prompt + query
+        tokens = self.tokenizer(text, return_tensors="pt").input_ids[0].to(self.current_device)
+        if self.max_length is not None and len(tokens) > self.max_length:
+            raise ValueError(
+                f"queries[{index}]: prompt + query is {len(tokens)} tokens, longer than max_length="
+                f"{self.max_length}. Shorten the prompt or raise max_length."
+            )
+        return TextHistory(text, tokens, system=True)
+
+    def step(self, history: TextHistory) -> TextHistory:
+        """One environment turn: run the tool the model asked for and append its response.
+
+        Ends the episode first if `task_end_check` says so; a completed history is returned unchanged.
+        """
+        truncated, ended = self.task_end_check(history)
+        if ended:
+            history.complete(truncated=truncated)
+        if history.completed:
+            return history
+        response = self._tool_response(history.last_text_segment)
+        response = self._truncate(neutralize(response, self._forbidden_strings()))
+        text = response + self.response_token
+        tokens = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+        history.append_segment(text, tokens.to(history.tokens.device), system=True)
+        return history
+
+    def _tool_response(self, model_text: str) -> str:
+        tool_name, query = parse_tool_call(model_text)
+        if tool_name is None or query is None:
+            return f"Unknown tool call: {model_text}"
+        if tool_name not in self.tools:
+            return f"Unknown tool {tool_name}."
+        return call_tool(self.tools[tool_name], query, timeout=self.tool_timeout)
+
+    def _truncate(self, response: str) -> str:
+        if len(response) > self.max_tool_response:
+            return response[: self.max_tool_response - 3] + "..."
+        return response
+
+    def _forbidden_strings(self) -> list[str]:
+        return [*CONTROL_TAGS, *self.tokenizer.all_special_tokens]
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, histories: list[TextHistory]) -> list[TextHistory]:
+        """Generate one model turn for every history that is not completed; returns the same list."""
+        active = [index for index, history in enumerate(histories) if not history.completed]
+        completions = self._engine_for_call().generate(
+            [histories[index].tokens for index in active],
+            stop_strings=(self.call_token, self.submit_token),
+            generation_kwargs=self.generation_kwargs,
+            batch_size=self.batch_size,
+        )
+        for index, completion in zip(active, completions):
+            histories[index].append_segment(completion.text, completion.token_ids, system=False)
+        return histories
+
+    def _generate_batched(self, query_tensors: Sequence[torch.Tensor], batch_size: int = 16, pad_to_multiple_of=None) -> list[torch.Tensor]:
+        """Legacy helper: generate one turn per token tensor and return the new token ids only."""
+        completions = self._engine_for_call().generate(
+            list(query_tensors),
+            stop_strings=(self.call_token, self.submit_token),
+            generation_kwargs=self.generation_kwargs,
+            batch_size=batch_size,
+        )
+        return [completion.token_ids for completion in completions]
+
+    def _engine_for_call(self) -> RolloutEngine:
+        # Attributes may be replaced after construction (env.model = ...); the engine follows them.
+        self._engine.model = self.model
+        self._engine.tokenizer = self.tokenizer
+        return self._engine
+
+    # ------------------------------------------------------------------ ending and rewards
+    def task_end_check(self, history: TextHistory, model_turn: bool = True) -> tuple[bool, bool]:
+        """Whether an episode is over.
+
+        Returns:
+            `(truncated, ended)`: `max_length` exceeded gives `(True, True)`; EOS in the model's last
+            segment, a model turn without a tool call, or `<submit>` give `(False, True)`.
+        """
+        if history.completed:
+            return False, False
+        if self.max_length is not None and len(history.tokens) > self.max_length:
+            return True, True
+        if self._model_wrote_eos(history):
+            return False, True
+        last_segment = history.last_text_segment
+        called_tool = self.request_token in last_segment and self.call_token in last_segment
+        if model_turn and not (called_tool or self.submit_token in last_segment):
+            return False, True
+        if self.submit_token in last_segment:
+            return False, True
+        return False, False
+
+    def _model_wrote_eos(self, history: TextHistory) -> bool:
+        # Only the model's own last segment counts: a chat-template prompt contains the EOS string too.
+        if history.system_spans[-1] or self.tokenizer.eos_token_id is None:
+            return False
+        start, end = history.token_spans[-1]
+        return bool((history.tokens[start:end] == self.tokenizer.eos_token_id).any())
+
+    def tasks_end_check(self, histories: list[TextHistory], model_turn: bool = True) -> list[TextHistory]:
+        """Apply `task_end_check` to every history and complete the ended ones; returns the same list."""
+        for history in histories:
+            truncated, ended = self.task_end_check(history, model_turn=model_turn)
+            if ended:
+                history.complete(truncated=truncated)
+        return histories
+
+    def compute_reward(self, histories: list[TextHistory], **reward_kwargs) -> list[TextHistory]:
+        """Call `reward_fn` once on every history's last text segment and store the rewards."""
+        if self.reward_fn is None:
+            return histories
+        rewards = self.reward_fn([history.last_text_segment for history in histories], **reward_kwargs)
+        rewards = list(rewards)
+        if len(rewards) != len(histories):
+            raise ValueError(
+                f"reward_fn returned {len(rewards)} rewards for {len(histories)} episodes; it must return "
+                "one reward per entry of the list it is given."
+            )
+        for history, reward in zip(histories, rewards):
+            history.reward = reward
+        return histories
+
+
+def _resolve_max_tool_response(legacy_value: int | None, value: int | None) -> int:
+    if legacy_value is not None and value is not None and legacy_value != value:
+        raise ValueError(
+            f"max_tool_reponse={legacy_value} and max_tool_response={value} disagree; pass only one "
+            "(max_tool_reponse is the legacy spelling of max_tool_response)."
+        )
+    chosen = value if value is not None else legacy_value
+    if chosen is None:
+        return DEFAULT_MAX_TOOL_RESPONSE
+    _check_positive_int("max_tool_response", chosen)
+    if chosen < 4:
+        warnings.warn("max_tool_response < 4 leaves no room for the '...' truncation mark.", stacklevel=3)
+    return chosen
+
+
+def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        bound = ">= 0" if allow_zero else ">= 1"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}.")
+
+
+def _check_queries(queries: Any) -> None:
+    if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
+        raise TypeError(f"queries must be a list of strings, got {type(queries).__name__}. Wrap one query as [query].")
+    if len(queries) == 0:
+        raise ValueError("queries is empty: pass at least one query string.")
+    for index, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise TypeError(f"queries[{index}] must be a string, got {type(query).__name__}.")
