@@ -1,0 +1,107 @@
+"""Checkpoint and resume for [`PPOTrainer`].
+
+A checkpoint folder holds, through ``accelerate``'s ``save_state``: the policy with its value head
+(``model.safetensors``), the optimizer, the learning-rate scheduler and every process's RNG state
+(python, numpy, torch, CUDA) with the gradient-accumulation counter; and ``trainer_state.json`` with the
+KL controller, the score-scaling statistics and the step counter.
+
+It is written to a hidden temporary folder and renamed into place, so a checkpoint interrupted by a kill is
+never mistaken for a complete one: [`find_latest_checkpoint`] only returns folders that hold
+``trainer_state.json`` (written last) and ignores temporary ones.
+
+The reference model is not saved: to resume, build the trainer exactly as for the original run (same
+initial model, so the same reference), then call ``trainer.load_checkpoint(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+STATE_FILE = "trainer_state.json"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"checkpoint-{step}"
+
+
+def save_checkpoint(trainer, output_dir: str | os.PathLike) -> str:
+    """Write ``output_dir`` atomically (all processes must call this). Returns the folder path."""
+    accelerator = trainer.accelerator
+    final = Path(output_dir)
+    staging = final.parent / f".{final.name}.tmp"
+    if accelerator.is_main_process:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {
+            "step": trainer.current_step,
+            "kl_controller": {"type": type(trainer.kl_ctl).__name__, **trainer.kl_ctl.state_dict()},
+            "running_moments": trainer.running.state_dict(),
+            "highest_reward": float(trainer.highest_reward),
+            "config": trainer.config.to_dict(),
+            "num_processes": accelerator.num_processes,
+        }
+        (staging / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
+        _replace_folder(staging, final)
+    accelerator.wait_for_everyone()
+    return str(final)
+
+
+def _replace_folder(source: Path, target: Path) -> None:
+    """Move ``source`` to ``target``; an existing ``target`` is moved aside first and removed last."""
+    old = target.parent / f".{target.name}.old"
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(source, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    return path.is_dir() and not path.name.startswith(".") and (path / STATE_FILE).is_file()
+
+
+def find_latest_checkpoint(root: str | os.PathLike) -> str | None:
+    """The complete ``checkpoint-N`` folder under ``root`` with the largest ``N``, or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = []
+    for child in root.iterdir():
+        match = CHECKPOINT_PATTERN.match(child.name)
+        if match and is_complete_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return str(max(found)[1]) if found else None
+
+
+def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> None:
+    """Restore model, optimizer, scheduler, RNG, KL controller, score statistics and step counter.
+
+    Raises:
+        FileNotFoundError: the folder is not a complete checkpoint.
+    """
+    path = Path(checkpoint_dir)
+    if not is_complete_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a complete PPO checkpoint (no {STATE_FILE})")
+    state = json.loads((path / STATE_FILE).read_text())
+    trainer.accelerator.load_state(str(path))
+    controller = dict(state["kl_controller"])
+    controller_type = controller.pop("type")
+    if controller_type != type(trainer.kl_ctl).__name__:
+        raise ValueError(f"The checkpoint used {controller_type}, this trainer {type(trainer.kl_ctl).__name__} (adap_kl_ctrl differs)")
+    trainer.kl_ctl.load_state_dict(controller)
+    trainer.running.load_state_dict(state["running_moments"])
+    trainer.current_step = int(state["step"])
+    import torch
+
+    trainer.highest_reward = torch.tensor(float(state["highest_reward"]))

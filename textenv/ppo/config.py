@@ -1,0 +1,138 @@
+"""PPOConfig: every field and default of the legacy step-based PPO configuration (TRL v0.11.4)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+KL_PENALTIES = ("kl", "abs", "mse", "full")
+
+
+def _script_name() -> str:
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "textenv"
+    return name[: -len(".py")] if name.endswith(".py") else name
+
+
+def flatten_dict(nested: dict, sep: str = "/") -> dict:
+    """Flatten nested dictionaries into one level, joining keys with `sep` (``{"a": {"b": 1}}`` ->
+    ``{"a/b": 1}``)."""
+    flat: dict = {}
+
+    def _walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                _walk(f"{prefix}{sep}{key}" if prefix else str(key), inner)
+        else:
+            flat[prefix] = value
+
+    for key, value in nested.items():
+        _walk(str(key), value)
+    return flat
+
+
+@dataclass
+class PPOConfig:
+    """Configuration of [`PPOTrainer`], with the fields and defaults of the legacy TRL ``PPOConfig``.
+
+    This API is supported in textenv: no deprecation warning is emitted. The legacy aliases are honoured:
+    ``forward_batch_size`` is copied to ``mini_batch_size`` and ``optimize_cuda_cache`` to
+    ``optimize_device_cache`` (legacy TRL silently ignored the latter).
+
+    Derived fields set in ``__post_init__``: ``backward_batch_size = mini_batch_size *
+    gradient_accumulation_steps`` and ``total_ppo_epochs = ceil(steps / batch_size)``; the trainer fills in
+    ``world_size``, ``global_backward_batch_size`` and ``global_batch_size``.
+
+    Raises:
+        ValueError: ``batch_size`` is not a multiple of ``backward_batch_size``, or ``kl_penalty`` is not
+            one of ``"kl"``, ``"abs"``, ``"mse"``, ``"full"``.
+    """
+
+    # --- tracking -----------------------------------------------------------------------------------
+    exp_name: str = field(default_factory=_script_name)
+    seed: int = 0
+    log_with: Literal["wandb", "tensorboard"] | None = None
+    task_name: str | None = None
+    model_name: str = "gpt2"
+    query_dataset: str = "stanfordnlp/imdb"
+    reward_model: str = "sentiment-analysis:lvwerra/distilbert-imdb"
+    remove_unused_columns: bool = True
+    tracker_kwargs: dict = field(default_factory=dict)
+    accelerator_kwargs: dict = field(default_factory=dict)
+    project_kwargs: dict = field(default_factory=dict)
+    tracker_project_name: str = "trl"
+    push_to_hub_if_best_kwargs: dict = field(default_factory=dict)
+    # --- optimisation -------------------------------------------------------------------------------
+    steps: int = 20000
+    learning_rate: float = 1.41e-5
+    adap_kl_ctrl: bool = True
+    init_kl_coef: float = 0.2
+    kl_penalty: Literal["kl", "abs", "mse", "full"] = "kl"
+    target: float = 6.0
+    horizon: float = 10000.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    batch_size: int = 128
+    forward_batch_size: int | None = None
+    mini_batch_size: int = 128
+    gradient_accumulation_steps: int = 1
+    world_size: int | None = None
+    ppo_epochs: int = 4
+    max_grad_norm: float | None = None
+    optimize_cuda_cache: bool | None = None
+    optimize_device_cache: bool = False
+    early_stopping: bool = False
+    target_kl: float = 1.0
+    compare_steps: int = 1
+    ratio_threshold: float = 10.0
+    use_score_scaling: bool = False
+    use_score_norm: bool = False
+    score_clip: float | None = None
+    whiten_rewards: bool = False
+    gradient_checkpointing: bool = False
+    # --- filled in by __post_init__ / the trainer ---------------------------------------------------
+    is_encoder_decoder: bool | None = None
+    is_peft_model: bool | None = None
+    backward_batch_size: int | None = None
+    global_backward_batch_size: int | None = None
+    global_batch_size: int | None = None
+    dataset_num_proc: int | None = None
+    total_ppo_epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.forward_batch_size is not None:
+            self.mini_batch_size = self.forward_batch_size
+        if self.optimize_cuda_cache is not None:
+            self.optimize_device_cache = bool(self.optimize_cuda_cache)
+        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
+        self.backward_batch_size = self.mini_batch_size * self.gradient_accumulation_steps
+        if self.batch_size % self.backward_batch_size != 0:
+            raise ValueError(
+                f"`batch_size` ({self.batch_size}) must be a multiple of `mini_batch_size * "
+                f"gradient_accumulation_steps` ({self.mini_batch_size} * {self.gradient_accumulation_steps} "
+                f"= {self.backward_batch_size})"
+            )
+        if self.kl_penalty not in KL_PENALTIES:
+            raise ValueError(f"`kl_penalty` must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
+        if self.log_with == "wandb":
+            try:
+                import wandb  # noqa: F401
+            except ImportError as error:
+                raise ImportError("log_with='wandb' needs the `wandb` package: pip install wandb") from error
+        self.total_ppo_epochs = int(math.ceil(self.steps / self.batch_size))
+
+    def to_dict(self) -> dict:
+        """All fields as one flat dictionary (nested dictionaries joined with ``"/"``)."""
+        return flatten_dict(asdict(self))
+
+    def to_json_string(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)

@@ -1,0 +1,358 @@
+"""PPO math as pure functions: log-probabilities, KL penalties, masked statistics, per-token rewards, GAE,
+the clipped losses, and the KL-coefficient controllers.
+
+Conventions: ``B`` = batch, ``T`` = logprob positions (``input_len - 1``: position ``t`` predicts token
+``t + 1``), ``V`` = vocabulary. A ``mask`` is 1 where a position is trained on (a model-written response
+token) and 0 elsewhere (query, padding, tool output). The arithmetic follows legacy TRL (v0.11.4) exactly
+so that losses and statistics agree with it to float tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+WHITEN_EPS = 1e-8
+
+
+# --------------------------------------------------------------------------------------------------
+# log-probabilities and entropy
+# --------------------------------------------------------------------------------------------------
+def selective_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[..., label]`` without materialising the full log-softmax.
+
+    Computed as ``logit[label] - logsumexp(logits)`` one row at a time, so the only vocabulary-sized
+    temporary is one row's worth.
+
+    Args:
+        logits: `[B, T, V]` float tensor.
+        labels: `[B, T]` token ids.
+
+    Returns:
+        `[B, T]` log-probabilities in the dtype of ``logits``.
+    """
+    rows = []
+    for row_logits, row_labels in zip(logits, labels):  # [T, V], [T]
+        picked = row_logits.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1)  # [T]
+        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
+    return torch.stack(rows)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution at every position: `[..., V]` -> `[...]`."""
+    probs = F.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# KL penalties
+# --------------------------------------------------------------------------------------------------
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "kl") -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference from the sampled tokens' logprobs.
+
+    Args:
+        logprob, ref_logprob: `[B, T]` log-probabilities of the sampled tokens.
+        kind: ``"kl"`` (``lp - ref``), ``"abs"`` (``|lp - ref|``) or ``"mse"`` (``0.5 (lp - ref)^2``).
+            ``"full"`` needs logits: use [`full_kl_penalty`].
+    """
+    if kind == "kl":
+        return logprob - ref_logprob
+    if kind == "abs":
+        return (logprob - ref_logprob).abs()
+    if kind == "mse":
+        return 0.5 * (logprob - ref_logprob).square()
+    if kind == "full":
+        raise ValueError("kl_penalty='full' needs the logits of both models: call full_kl_penalty(logits, ref_logits)")
+    raise ValueError(f"Unknown kl_penalty {kind!r}; expected 'kl', 'abs', 'mse' or 'full'")
+
+
+def full_kl_penalty(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p || p_ref) summed over the vocabulary at every position: `[B, T, V]` x2 -> `[B, T]`.
+
+    ``logits`` may be unnormalised (they are log-softmaxed first); log-probabilities work as well.
+    """
+    logp = F.log_softmax(logits.float(), dim=-1)
+    ref_logp = F.log_softmax(ref_logits.float(), dim=-1)
+    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# masked statistics
+# --------------------------------------------------------------------------------------------------
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is 1 (over ``axis`` if given)."""
+    if axis is not None:
+        return (values * mask).sum(axis=axis) / mask.sum(axis=axis)
+    return (values * mask).sum() / mask.sum()
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``values`` over the masked positions (Bessel-corrected when ``unbiased``).
+
+    Raises:
+        ValueError: the mask is all zeros.
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        mask_sum = mask.sum()
+        if mask_sum == 0:
+            raise ValueError(
+                "The sum of the mask is zero, which can happen when `mini_batch_size=1`; try increasing "
+                "`mini_batch_size` or `gradient_accumulation_steps`"
+            )
+        variance = variance * (mask_sum / (mask_sum - 1))
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Standardise ``values`` with the mean and unbiased variance of the masked positions; with
+    ``shift_mean=False`` the mean is added back (only the scale changes). Applied to every position."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+# --------------------------------------------------------------------------------------------------
+# rewards and advantages
+# --------------------------------------------------------------------------------------------------
+def last_true_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in every row of a `[B, T]` 0/1 mask (rows must contain a 1) -> `[B]`."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return torch.where(mask.bool(), positions, -1).amax(dim=-1)
+
+
+def compute_rewards(
+    scores: torch.Tensor, kls: torch.Tensor, masks: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards: ``-kl_coef * kl`` everywhere, plus the episode score on the last trainable
+    position (the last position whose mask is 1 — the last model-written token).
+
+    Args:
+        scores: `[B]` one scalar score per episode.
+        kls: `[B, T]` per-token KL penalty (see [`kl_penalty`]).
+        masks: `[B, T]` trainable positions; every row needs at least one 1.
+        kl_coef: current KL coefficient.
+
+    Returns:
+        `(rewards, non_score_rewards)`, both `[B, T]`.
+    """
+    non_score_rewards = -kl_coef * kls  # [B, T]
+    rewards = non_score_rewards.clone()
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    last = last_true_index(masks)  # [B]
+    rewards[rows, last] += scores.to(rewards.dtype)
+    return rewards, non_score_rewards
+
+
+def compute_advantages(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten_rewards: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the full padded length.
+
+    Values and rewards are zeroed outside the mask, but masked positions are not skipped: they still
+    decay the running advantage by ``gamma * lam`` (legacy behaviour). Advantages are whitened over the
+    masked positions.
+
+    Args:
+        values: `[B, T]` value predictions.
+        rewards: `[B, T]` per-token rewards.
+        mask: `[B, T]` trainable positions.
+
+    Returns:
+        `(values, advantages, returns)`, each `[B, T]`, detached; ``values`` are the masked values.
+    """
+    values = values * mask
+    rewards = rewards * mask
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    length = rewards.shape[-1]
+    last_advantage = torch.zeros_like(rewards[:, 0])  # [B]
+    reversed_advantages = []
+    for t in reversed(range(length)):
+        next_values = values[:, t + 1] if t < length - 1 else 0.0
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_advantage = delta + gamma * lam * last_advantage
+        reversed_advantages.append(last_advantage)
+    advantages = torch.stack(reversed_advantages[::-1], dim=1)  # [B, T]
+    returns = advantages + values
+    advantages = masked_whiten(advantages, mask)
+    return values.detach(), advantages.detach(), returns.detach()
+
+
+# --------------------------------------------------------------------------------------------------
+# losses
+# --------------------------------------------------------------------------------------------------
+def clipped_value_loss(
+    vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, cliprange_value: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``0.5 * masked_mean(max((v - R)^2, (clip(v, V_old +- c) - R)^2))`` and the clipped fraction."""
+    vpreds_clipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)
+    unclipped = (vpreds - returns) ** 2
+    clipped = (vpreds_clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(unclipped, clipped), mask)
+    clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), mask)
+    return loss, clipfrac
+
+
+def clipped_policy_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``masked_mean(max(-A r, -A clip(r, 1 +- c)))`` and the clipped fraction."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.max(unclipped, clipped), mask)
+    clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), mask)
+    return loss, clipfrac
+
+
+def ppo_loss(
+    old_logprobs: torch.Tensor,
+    old_values: torch.Tensor,
+    logprobs: torch.Tensor,
+    vpreds: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    cliprange: float,
+    cliprange_value: float,
+    vf_coef: float,
+    ratio_threshold: float = float("inf"),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
+    """The PPO objective of one mini-batch.
+
+    All tensors are `[mb, T]`; ``logprobs`` and ``vpreds`` carry gradients, ``entropy`` is per-token entropy
+    (statistic only). If the masked mean ratio exceeds ``ratio_threshold`` the losses are multiplied by 0
+    (the batch is skipped but backward still runs).
+
+    Returns:
+        `(loss, stats, skipped)`: ``loss = pg_loss + vf_coef * vf_loss``; ``stats`` holds the legacy train
+        statistics (``loss/value`` is the unscaled value loss); ``skipped`` tells whether the ratio threshold
+        was hit.
+    """
+    vf_loss, vf_clipfrac = clipped_value_loss(vpreds, old_values, returns, mask, cliprange_value)
+    ratio = torch.exp(logprobs - old_logprobs)  # [mb, T]
+    pg_loss, pg_clipfrac = clipped_policy_loss(ratio, advantages, mask, cliprange)
+    loss = pg_loss + vf_coef * vf_loss
+
+    skipped = bool(masked_mean(ratio, mask).item() > ratio_threshold)
+    if skipped:
+        pg_loss, vf_loss, loss = pg_loss * 0.0, vf_loss * 0.0, loss * 0.0
+
+    with torch.no_grad():
+        stats = {
+            "loss/policy": pg_loss.detach(),
+            "loss/value": vf_loss.detach(),
+            "loss/total": loss.detach(),
+            "policy/entropy": masked_mean(entropy, mask),
+            "policy/approxkl": 0.5 * masked_mean((logprobs - old_logprobs) ** 2, mask),
+            "policy/policykl": masked_mean(old_logprobs - logprobs, mask),
+            "policy/clipfrac": pg_clipfrac.detach(),
+            "policy/advantages": advantages.detach(),
+            "policy/advantages_mean": masked_mean(advantages, mask),
+            "policy/ratio": ratio.detach(),
+            "returns/mean": masked_mean(returns, mask),
+            "returns/var": masked_var(returns, mask),
+            "val/vpred": masked_mean(vpreds, mask),
+            "val/error": masked_mean((vpreds - returns) ** 2, mask),
+            "val/clipfrac": vf_clipfrac.detach(),
+            "val/mean": masked_mean(old_values, mask),
+            "val/var": masked_var(old_values, mask),
+        }
+    return loss, stats, skipped
+
+
+# --------------------------------------------------------------------------------------------------
+# KL controllers and running score statistics
+# --------------------------------------------------------------------------------------------------
+class AdaptiveKLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019): ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) *
+    n_steps / horizon``."""
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float):
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = float(horizon)
+
+    def update(self, current: float, n_steps: int) -> None:
+        proportional_error = float(np.clip(float(current) / self.target - 1.0, -0.2, 0.2))
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), float(state["horizon"])
+
+
+class FixedKLController:
+    """Constant KL coefficient."""
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current: float, n_steps: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class RunningMoments:
+    """Running mean and standard deviation of scores (parallel-variance update), aggregated across processes
+    when an ``accelerator`` with several processes is given."""
+
+    def __init__(self, accelerator=None):
+        self.accelerator = accelerator
+        self.mean = 0.0
+        self.std = 1.0
+        self.var = 1.0
+        self.count = 1e-24
+
+    @torch.no_grad()
+    def update(self, xs: torch.Tensor) -> tuple[float, float]:
+        """Fold a batch into the running statistics; returns the batch's `(mean, unbiased std)`."""
+        xs = xs.float()
+        if self.accelerator is not None and self.accelerator.num_processes > 1:
+            xs_mean, xs_var, xs_count = global_mean_var(self.accelerator, xs)
+        else:
+            xs_count = xs.numel()
+            xs_var, xs_mean = torch.var_mean(xs, unbiased=False)
+        delta = xs_mean - self.mean
+        total_count = self.count + xs_count
+        new_sum = xs_var * xs_count
+        old_sum = self.var * self.count + delta**2 * self.count * xs_count / total_count
+        new_var = (old_sum + new_sum) / total_count
+        self.mean += (delta * xs_count / total_count).item()
+        self.std = (new_var * total_count / (total_count - 1)).sqrt().item()
+        self.var = new_var.item()
+        self.count = float(total_count)
+        return xs_mean.item(), (xs_var * xs_count / (xs_count - 1)).sqrt().item()
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.std, self.var, self.count = (float(state[k]) for k in ("mean", "std", "var", "count"))
+
+
+def global_mean_var(accelerator, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Mean, biased variance and element count of ``xs`` over all processes."""
+    sum_and_count = torch.tensor([xs.sum(), xs.numel()], dtype=torch.float64, device=xs.device)
+    sum_and_count = accelerator.reduce(sum_and_count, reduction="sum")
+    total, count = sum_and_count
+    mean = (total / count).float()
+    squared = accelerator.reduce(((xs - mean) ** 2).sum().double().reshape(1), reduction="sum")
+    return mean, (squared[0] / count).float(), count.item()
