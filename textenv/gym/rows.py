@@ -1,0 +1,61 @@
+"""Dataset rows: reading them (JSONL, JSON, `datasets.Dataset`, lists of dicts) and turning one into a
+`RolloutInferRequest`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Union
+
+from textenv.gym.env import RolloutInferRequest, new_trajectory_id
+
+REQUEST_COLUMNS = ("messages", "images", "audios", "videos", "tools", "objects")
+
+
+def load_rows(source: Union[str, Path, Iterable[Mapping[str, Any]]]) -> List[Dict[str, Any]]:
+    """The rows of a dataset.
+
+    Args:
+        source: a `.jsonl` file (one JSON object a line; blank lines skipped), a `.json` file holding a
+            list, a `datasets.Dataset`, or any iterable of dicts.
+
+    Raises:
+        ValueError: a line or item is not a JSON object / dict (the message gives its position).
+    """
+    if isinstance(source, (str, Path)):
+        return _read_file(Path(source))
+    rows = []
+    for index, row in enumerate(source):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"row {index} is a {type(row).__name__}, expected a dict.")
+        rows.append(dict(row))
+    return rows
+
+
+def _read_file(path: Path) -> List[Dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return load_rows(json.loads(text))
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg}).") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}.")
+        rows.append(row)
+    return rows
+
+
+def make_request(row: Mapping[str, Any]) -> RolloutInferRequest:
+    """A fresh request for one episode of `row`: the request columns go to their fields, every other
+    column (including `env_config` and `ctx_config`) to `data_dict`; a new unique `uuid`."""
+    request = RolloutInferRequest(uuid=new_trajectory_id())
+    for column in REQUEST_COLUMNS:
+        if row.get(column) is not None:
+            setattr(request, column, row[column])
+    request.data_dict = {key: value for key, value in row.items() if key not in REQUEST_COLUMNS}
+    return request
