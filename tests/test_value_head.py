@@ -1,0 +1,147 @@
+"""AutoModelForCausalLMWithValueHead and create_reference_model."""
+
+import pytest
+import torch
+
+from textenv.ppo import AutoModelForCausalLMWithValueHead, create_reference_model
+from textenv.ppo.value_head import VALUE_HEAD_FILE
+from textenv.testing import tiny_causal_lm
+
+INPUT_IDS = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+
+
+@pytest.fixture()
+def wrapped():
+    torch.manual_seed(0)
+    return AutoModelForCausalLMWithValueHead(tiny_causal_lm(seed=0)).eval()
+
+
+def test_forward_returns_logits_loss_value(wrapped):
+    outputs = wrapped(input_ids=INPUT_IDS)
+    assert len(outputs) == 3
+    logits, loss, value = outputs
+    assert logits.shape == (2, 6, 49152) and logits.dtype == torch.float32
+    assert loss is None
+    assert value.shape == (2, 6)
+    torch.testing.assert_close(logits, wrapped.pretrained_model(input_ids=INPUT_IDS).logits)
+
+
+def test_forward_with_labels_returns_lm_loss(wrapped):
+    _, loss, _ = wrapped(input_ids=INPUT_IDS, labels=INPUT_IDS)
+    expected = wrapped.pretrained_model(input_ids=INPUT_IDS, labels=INPUT_IDS).loss
+    torch.testing.assert_close(loss, expected)
+
+
+def test_forward_returns_past_key_values(wrapped):
+    outputs = wrapped(input_ids=INPUT_IDS, return_past_key_values=True, use_cache=True)
+    assert len(outputs) == 4 and outputs[3] is not None
+
+
+def test_logits_to_keep_matches_full_forward(wrapped):
+    full_logits, _, full_value = wrapped(input_ids=INPUT_IDS)
+    logits, _, value = wrapped(input_ids=INPUT_IDS, logits_to_keep=slice(2, 5))
+    assert logits.shape == (2, 3, 49152)
+    torch.testing.assert_close(logits, full_logits[:, 2:5], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(value, full_value, rtol=1e-5, atol=1e-5)
+    last_two, _, _ = wrapped(input_ids=INPUT_IDS, logits_to_keep=2)
+    torch.testing.assert_close(last_two, full_logits[:, -2:], rtol=1e-5, atol=1e-5)
+
+
+def test_value_head_default_init_has_nonzero_bias(wrapped):
+    assert wrapped.v_head.summary.bias.abs().sum() != 0
+    assert isinstance(wrapped.v_head.dropout, torch.nn.Dropout) and wrapped.v_head.dropout.p == 0.1
+
+
+def test_value_head_options():
+    model = AutoModelForCausalLMWithValueHead(
+        tiny_causal_lm(), summary_dropout_prob=0.0, v_head_init_strategy="normal", v_head_initializer_range=0.5
+    )
+    assert isinstance(model.v_head.dropout, torch.nn.Identity)
+    assert model.v_head.summary.bias.abs().sum() == 0
+    assert 0.2 < model.v_head.summary.weight.std().item() < 0.9
+    with pytest.raises(ValueError, match="v_head_init_strategy"):
+        AutoModelForCausalLMWithValueHead(tiny_causal_lm(), v_head_init_strategy="zeros")
+
+
+def test_wrapper_is_not_marked_encoder_decoder(wrapped):
+    # TextEnvironment (legacy) decides encoder-decoder with hasattr(model, "is_encoder_decoder").
+    assert not hasattr(wrapped, "is_encoder_decoder")
+    assert wrapped.pretrained_model.device.type == "cpu"
+
+
+def test_generate_delegates(wrapped):
+    kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=2)
+    torch.testing.assert_close(wrapped.generate(INPUT_IDS[:1], **kwargs), wrapped.pretrained_model.generate(INPUT_IDS[:1], **kwargs))
+
+
+def test_save_and_load_round_trip(wrapped, tmp_path):
+    wrapped.save_pretrained(tmp_path)
+    assert (tmp_path / VALUE_HEAD_FILE).is_file()
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path))
+    original, restored = wrapped.state_dict(), loaded.state_dict()
+    assert original.keys() == restored.keys()
+    for key in original:
+        torch.testing.assert_close(restored[key], original[key], msg=key)
+
+
+def test_from_pretrained_accepts_a_loaded_model():
+    base = tiny_causal_lm()
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(base, summary_dropout_prob=0.3)
+    assert model.pretrained_model is base
+    assert model.v_head.dropout.p == 0.3
+
+
+def test_peft_model_round_trip(tmp_path):
+    from peft import LoraConfig
+
+    base = tiny_causal_lm()
+    base.save_pretrained(tmp_path / "base")
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path / "base"), peft_config=lora)
+    assert model.is_peft_model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("v_head") for n in trainable)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_()
+    model.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path / "adapter"))
+    assert loaded.is_peft_model
+    model.eval(), loaded.eval()
+    torch.testing.assert_close(loaded(input_ids=INPUT_IDS)[0], model(input_ids=INPUT_IDS)[0])
+    torch.testing.assert_close(loaded.v_head.summary.weight, model.v_head.summary.weight)
+
+
+def test_create_reference_model_is_frozen_copy(wrapped):
+    reference = create_reference_model(wrapped)
+    assert not reference.training
+    assert all(not p.requires_grad for p in reference.parameters())
+    assert all(p.requires_grad for p in wrapped.parameters())
+    for (name, p), (_, q) in zip(wrapped.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+        assert p.data_ptr() != q.data_ptr(), name
+
+
+def test_create_reference_model_shares_lower_layers(wrapped):
+    reference = create_reference_model(wrapped, num_shared_layers=1)
+    policy_params = dict(wrapped.named_parameters())
+    reference_params = dict(reference.named_parameters())
+    shared = [n for n in policy_params if policy_params[n] is reference_params[n]]
+    assert shared, "nothing is shared"
+    assert all(".layers.1." not in n and "v_head" not in n and not n.endswith("model.norm.weight") for n in shared)
+    assert "pretrained_model.model.embed_tokens.weight" in shared
+    assert any(".layers.0." in n for n in shared)
+    for name, param in policy_params.items():
+        assert param.requires_grad == (name not in shared), name
+        if ".layers.1." in name:
+            assert reference_params[name].data_ptr() != param.data_ptr()
+    assert all(not p.requires_grad for p in reference.parameters())
+
+
+def test_create_reference_model_custom_pattern_and_errors(wrapped):
+    reference = create_reference_model(wrapped, num_shared_layers=1, pattern="model.layers.{layer}")
+    assert reference.pretrained_model.model.layers[0].mlp.up_proj.weight is wrapped.pretrained_model.model.layers[0].mlp.up_proj.weight
+    with pytest.raises(ValueError, match="not found"):
+        create_reference_model(wrapped, num_shared_layers=1, pattern="decoder.blocks.{layer}")
