@@ -160,7 +160,7 @@ class TextEnvironment:
         return history
 
     def _tool_response(self, model_text: str) -> str:
-        tool_name, query = parse_tool_call(model_text)
+        tool_name, query = self.parse_tool_call(model_text)
         if tool_name is None or query is None:
             return f"Unknown tool call: {model_text}"
         if tool_name not in self.tools:
@@ -174,6 +174,10 @@ class TextEnvironment:
 
     def _forbidden_strings(self) -> list[str]:
         return [*CONTROL_TAGS, *self.tokenizer.all_special_tokens]
+
+    def parse_tool_call(self, text: str) -> tuple[str | None, str | None]:
+        """`(tool_name, query)` of the tool call in `text`, or `(None, None)`; see `textenv.parse_tool_call`."""
+        return parse_tool_call(text)
 
     # ------------------------------------------------------------------ generation
     def generate(self, histories: list[TextHistory]) -> list[TextHistory]:
