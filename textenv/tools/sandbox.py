@@ -310,7 +310,7 @@ class _IdentityPool:
         with self._available:
             while not self._free:
                 self._available.wait()
-            slot = self._free.pop()
+            slot = self._free.pop(0)  # oldest first: a just-released uid may still have zombies counted
         uid = self._base() + slot
         return _Identity(uid=uid, gid=uid)
 
@@ -513,13 +513,14 @@ def _kill_everything(process: subprocess.Popen, identity: _Identity | None) -> N
         stream.close()
 
 
-def _kill_processes_of_uid(uid: int, attempts: int = 50) -> None:
+def _kill_processes_of_uid(uid: int, attempts: int = 100) -> None:
     # Processes that left the group with setsid() are still this run's uid; repeat because a process
-    # may fork between the scan and the kill (RLIMIT_NPROC bounds how often).
+    # may fork between the scan and the kill (RLIMIT_NPROC bounds how often). The killed orphans stay
+    # zombies (counted by RLIMIT_NPROC) until init reaps them, hence the oldest-first uid reuse.
     for _ in range(attempts):
         pids = _live_pids_of_uid(uid)
         if not pids:
-            return
+            break
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
