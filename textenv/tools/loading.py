@@ -9,7 +9,9 @@ for a built-in tool (no code in the folder), or, for a user's tool, its source f
     {"tool_class": "MyTool", "module": "my_tool.py", "init_kwargs": {...}}
 
 ``"tool_function"`` replaces ``"tool_class"`` for a plain function tool. ``"file_kwargs"`` lists the
-constructor arguments that name files inside the folder (resolved to full paths at load time). The
+constructor arguments that name files inside the folder (resolved to full paths at load time, and
+refused if they lead outside it); a tool class can declare such arguments itself in a
+``file_arguments`` class attribute, as :class:`WikiSearch` does for ``documents``. The
 legacy transformers layout (``{"tool_class": "tool.SimpleCalculatorTool"}`` next to ``tool.py``) and a
 folder holding only ``tool.py`` are read too.
 """
@@ -17,11 +19,13 @@ folder holding only ``tool.py`` are read too.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,8 +96,10 @@ def load_tool(
     if "tool_function" in config:
         return tool_factory
     init_kwargs = dict(config.get("init_kwargs") or {})
-    for name in config.get("file_kwargs") or []:
-        if name in init_kwargs:
+    file_arguments = set(config.get("file_kwargs") or []) | set(getattr(tool_factory, "file_arguments", ()))
+    for name in sorted(file_arguments & set(init_kwargs)):
+        # A config must not point a built-in tool at the user's own files (e.g. WikiSearch over ~/.ssh).
+        if not isinstance(init_kwargs[name], (list, dict)):
             init_kwargs[name] = str(_inside(folder, init_kwargs[name], allowed_roots, what=f"file argument {name!r}"))
     init_kwargs.update(kwargs)
     return tool_factory(**init_kwargs)
@@ -235,10 +241,19 @@ def _inside(folder: Path, relative: Any, allowed_roots: list[Path], what: str) -
 
 
 def _import_file(module_path: Path):
+    # Hub blobs have no .py suffix, hence the explicit source loader. The module is registered in
+    # sys.modules (under a name unique to its path) so that inspect, pickle and save_tool work on it.
     digest = hashlib.sha256(str(module_path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(f"textenv_tool_{module_path.stem}_{digest}", module_path)
+    name = f"textenv_tool_{digest}"
+    loader = importlib.machinery.SourceFileLoader(name, str(module_path))
+    spec = importlib.util.spec_from_file_location(name, module_path, loader=loader)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
 
 

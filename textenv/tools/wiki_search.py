@@ -62,6 +62,9 @@ class WikiSearch:
     ```
     """
 
+    # Constructor arguments that name files; load_tool resolves them inside the tool repository.
+    file_arguments = ("documents",)
+
     def __init__(
         self,
         documents: Documents,
