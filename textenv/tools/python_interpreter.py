@@ -63,7 +63,9 @@ class PythonInterpreter:
        (``os.killpg``); output read incrementally and the run killed once ``max_output_chars`` are read
        (a billion printed characters never reach the parent's memory); at the end the process group,
        and with a uid of its own every process of that uid (children that called ``setsid``), are
-       killed, so no child outlives the call.
+       killed, so no child outlives the call. Known gap: when the parent is *not* root (no uid of its
+       own) and ``allow_subprocesses=True``, a child that calls ``setsid()`` leaves the process group
+       and can outlive the call (a busy one is still stopped by ``RLIMIT_CPU``).
 
     Calls are independent and the tool can be used from several threads at once.
 

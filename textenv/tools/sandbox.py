@@ -328,22 +328,24 @@ class _IdentityPool:
 class _InterpreterFinder:
     """Finds, once, a Python executable that the unprivileged sandbox user can start and import from."""
 
+    _NOT_SEARCHED = object()
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._found: dict[str, str | None] = {}
+        self._found = self._NOT_SEARCHED
 
     def usable_by(self, identity: _Identity) -> str | None:
         with self._lock:
-            if "python" not in self._found:
-                self._found["python"] = next(
-                    (candidate for candidate in _candidate_interpreters() if _runs_as(candidate, identity)), None
-                )
-            return self._found["python"]
+            if self._found is self._NOT_SEARCHED:
+                usable = (candidate for candidate in _candidate_interpreters() if _runs_as(candidate, identity))
+                self._found = next(usable, None)
+            return self._found
 
 
 def _candidate_interpreters() -> list[str]:
     candidates = [sys.executable, getattr(sys, "_base_executable", None)]
-    candidates += [shutil.which(name, path=_SAFE_PATH) for name in (f"python{sys.version_info[0]}.{sys.version_info[1]}", "python3")]
+    same_version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    candidates += [shutil.which(name, path=_SAFE_PATH) for name in (same_version, "python3")]
     unique = []
     for candidate in candidates:
         if candidate and os.path.exists(candidate) and candidate not in unique:
