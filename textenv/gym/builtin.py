@@ -124,8 +124,9 @@ class ToolEnv(Env):
         names = ", ".join(self.tools)
         return self.env_config.get(
             "system_prompt",
-            f"You can use these tools: {names}. Call one by writing {REQUEST_TOKEN}<ToolName>query{CALL_TOKEN} "
-            f"and wait for the result. When you know the answer, write it followed by {SUBMIT_TOKEN}.",
+            f"You can use these tools: {names}. Call one by writing {REQUEST_TOKEN}<ToolName>query{CALL_TOKEN}, "
+            f"for example {REQUEST_TOKEN}<{next(iter(self.tools), 'Calculator')}>2+3{CALL_TOKEN}, and wait for the "
+            f"result. When you know the answer, write it followed by {SUBMIT_TOKEN}.",
         )
 
     async def reset(self, config: RolloutInferRequest) -> Tuple[str, Dict[str, Any], Optional[str]]:

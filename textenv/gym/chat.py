@@ -8,6 +8,7 @@ and most others); a template that rewrites earlier messages is refused with a cl
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Iterable, Optional
 
 import torch
@@ -80,8 +81,15 @@ class ChatRenderer:
         return after[len(before) :]
 
 
+_private_copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _private_copy(tokenizer):
+    """One copy per tokenizer (copying takes ~0.5 s), shared by every renderer of that tokenizer; they
+    all run on event-loop threads, while the original is used by the generation thread."""
     try:
-        return copy.deepcopy(tokenizer)
+        if tokenizer not in _private_copies:
+            _private_copies[tokenizer] = copy.deepcopy(tokenizer)
+        return _private_copies[tokenizer]
     except Exception:  # noqa: BLE001 - an uncopyable tokenizer is shared (encode/decode are read-only)
         return tokenizer
