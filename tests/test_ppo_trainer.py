@@ -1,0 +1,492 @@
+"""PPOTrainer on a tiny random Llama with hand-made tensors (legacy tests/test_ppo_trainer.py, adapted)."""
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from textenv.testing import tiny_causal_lm
+
+EXPECTED_STATS = [
+    "objective/kl", "objective/kl_dist", "objective/logprobs", "objective/ref_logprobs", "objective/kl_coef",
+    "objective/entropy", "ppo/mean_non_score_reward", "ppo/mean_scores", "ppo/std_scores",
+    "tokens/queries_len_mean", "tokens/queries_len_std", "tokens/queries_dist", "tokens/responses_len_mean",
+    "tokens/responses_len_std", "tokens/responses_dist", "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total",
+    "ppo/policy/entropy", "ppo/policy/approxkl", "ppo/policy/policykl", "ppo/policy/clipfrac",
+    "ppo/policy/advantages", "ppo/policy/advantages_mean", "ppo/policy/ratio", "ppo/returns/mean",
+    "ppo/returns/var", "ppo/val/vpred", "ppo/val/error", "ppo/val/clipfrac", "ppo/val/mean", "ppo/val/var",
+    "ppo/val/var_explained", "ppo/learning_rate", "time/ppo/forward_pass", "time/ppo/compute_rewards",
+    "time/ppo/compute_advantages", "time/ppo/optimize_step", "time/ppo/calc_stats", "time/ppo/total",
+]
+
+QUERY = torch.tensor([504, 3616, 339, 2691, 288, 260, 216])  # 7 tokens, like legacy's "This morning I went to the "
+RESPONSE = torch.tensor([1201, 2234, 30, 976, 314, 253, 1070])
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return AutoModelForCausalLMWithValueHead(tiny_causal_lm(seed=seed))
+
+
+def make_trainer(model=None, tokenizer=None, **config_kwargs):
+    config_kwargs = {"batch_size": 2, "mini_batch_size": 1, "seed": 42, **config_kwargs}
+    trainer_kwargs = {k: config_kwargs.pop(k) for k in list(config_kwargs) if k in ("ref_model", "num_shared_layers", "optimizer", "lr_scheduler", "dataset")}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        return PPOTrainer(PPOConfig(**config_kwargs), model if model is not None else make_model(), tokenizer=tokenizer, **trainer_kwargs)
+
+
+def batch(n=2):
+    return [QUERY.clone() for _ in range(n)], [RESPONSE.clone() for _ in range(n)], [torch.tensor(1.0) for _ in range(n)]
+
+
+def record_gradients(model):
+    """Names of the parameters that received a non-zero gradient at least once."""
+    seen = set()
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(
+                lambda p, name=name: seen.add(name) if p.grad is not None and p.grad.abs().sum() > 0 else None
+            )
+    return seen
+
+
+def flat_weights(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+
+# --------------------------------------------------------------------------------------------------
+# construction
+# --------------------------------------------------------------------------------------------------
+def test_constructor_checks():
+    with pytest.raises(ValueError, match="PPOConfig"):
+        PPOTrainer(config={"batch_size": 2}, model=make_model())
+    with pytest.raises(ValueError, match="AutoModelForCausalLMWithValueHead"):
+        PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), tiny_causal_lm())
+    with pytest.raises(ValueError, match="tokenizer"):
+        PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), make_model(), tokenizer="gpt2")
+    with pytest.raises(ValueError, match="dataset"):
+        PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), make_model(), dataset=[1, 2, 3])
+    with pytest.raises(ValueError, match="lr_scheduler"):
+        PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), make_model(), lr_scheduler=object())
+
+
+def test_no_dataset_warns():
+    with pytest.warns(UserWarning, match="No dataset is provided"):
+        trainer = PPOTrainer(PPOConfig(batch_size=1, mini_batch_size=1), make_model())
+    assert trainer.dataloader is None
+    stats = trainer.step([QUERY], [RESPONSE], [torch.tensor(1.0)])
+    assert stats["ppo/mean_scores"] == 1.0
+
+
+def test_drop_last_dataloader():
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"query": "x"}
+
+    trainer = make_trainer(dataset=Rows(), batch_size=3, mini_batch_size=3)
+    assert len(list(trainer.dataloader)) == 0
+    trainer = make_trainer(dataset=Rows(), batch_size=2, mini_batch_size=1)
+    assert len(list(trainer.dataloader)) == 1
+
+
+def test_ref_model_and_shared_layers_warns():
+    model = make_model()
+    with pytest.warns(UserWarning, match="num_shared_layers is ignored"):
+        PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), model, ref_model=copy.deepcopy(model), num_shared_layers=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# step: stats, gradients, reference model
+# --------------------------------------------------------------------------------------------------
+def test_step_returns_every_stat_and_every_parameter_gets_a_gradient():
+    trainer = make_trainer()
+    got_gradient = record_gradients(trainer.model)
+    stats = trainer.step(*batch())
+    assert set(EXPECTED_STATS) <= set(stats)
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert got_gradient == trainable
+    assert isinstance(stats["objective/kl"], float) and isinstance(stats["ppo/loss/total"], float)
+    assert stats["objective/logprobs"].shape == (2, 13)
+    # 2 mini-batches x 4 epochs, each contributing 13 positions of advantages
+    assert stats["ppo/policy/advantages"].shape == (2 * 4 * 13,)
+
+
+def test_step_with_masks_all_ones_equals_no_masks():
+    first = make_trainer().step(*batch())
+    second = make_trainer().step(*batch(), [torch.ones(len(RESPONSE), dtype=torch.long)] * 2)
+    for key in ("ppo/loss/total", "ppo/loss/value", "objective/kl", "ppo/val/vpred"):
+        assert first[key] == pytest.approx(second[key], rel=1e-6, abs=1e-7), key
+
+
+def test_reference_model_is_untouched():
+    trainer = make_trainer(learning_rate=1e-2)
+    before_ref = flat_weights(trainer.ref_model)
+    before_policy = flat_weights(trainer.model)
+    trainer.step(*batch())
+    assert torch.equal(flat_weights(trainer.ref_model), before_ref)
+    assert not torch.equal(flat_weights(trainer.model), before_policy)
+    assert all(p.grad is None for p in trainer.ref_model.parameters())
+
+
+def test_explicit_reference_model_is_untouched():
+    model = make_model()
+    reference = make_model(seed=1)
+    before = flat_weights(reference)
+    trainer = make_trainer(model=model, ref_model=reference, learning_rate=1e-2)
+    stats = trainer.step(*batch())
+    assert torch.equal(flat_weights(reference), before)
+    assert stats["objective/kl"] != 0.0  # a different reference gives a non-zero KL
+
+
+def test_shared_layers_are_frozen_and_shared():
+    model = make_model()
+    trainer = make_trainer(model=model, num_shared_layers=1, learning_rate=1e-2)
+    got_gradient = record_gradients(trainer.model)
+    layer0 = model.pretrained_model.model.layers[0].self_attn.q_proj.weight
+    assert layer0 is trainer.ref_model.pretrained_model.model.layers[0].self_attn.q_proj.weight
+    before = layer0.detach().clone()
+    trainer.step(*batch())
+    assert torch.equal(layer0, before)
+    assert not any(".layers.0." in n or "embed_tokens" in n for n in got_gradient)
+    assert any(".layers.1." in n for n in got_gradient)
+    assert any(n.startswith("v_head") for n in got_gradient)
+    assert any(n.endswith("model.norm.weight") for n in got_gradient)
+
+
+def test_sgd_and_lr_scheduler_stepped_once_per_step():
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+    trainer = make_trainer(model=model, optimizer=optimizer, lr_scheduler=scheduler)
+    first = trainer.step(*batch())
+    second = trainer.step(*batch())
+    assert first["ppo/learning_rate"] == pytest.approx(0.01)
+    assert second["ppo/learning_rate"] == pytest.approx(0.005)
+
+
+# --------------------------------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------------------------------
+def test_rewards_shape():
+    trainer = make_trainer()
+    queries, responses, _ = batch()
+    with pytest.raises(ValueError, match=r"scores\[0\]"):
+        trainer.step(queries, responses, [torch.tensor([[1.0]]), torch.tensor([[2.0]])])
+    stats = trainer.step(queries, responses, [torch.tensor([1.0]), torch.tensor([2.0])])
+    assert stats["ppo/mean_scores"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda q, r, s, m: (tuple(q) and "not a list", r, s, m), r"`queries` must be a list"),
+        (lambda q, r, s, m: (q[:1], r, s, m), r"`queries` has 1 elements but config.batch_size is 2"),
+        (lambda q, r, s, m: (q, r[:1], s, m), r"`responses` has 1 elements"),
+        (lambda q, r, s, m: (q, [r[0], r[1].tolist()], s, m), r"`responses\[1\]` must be a 1-D torch.LongTensor"),
+        (lambda q, r, s, m: ([q[0], q[1].unsqueeze(0)], r, s, m), r"`queries\[1\]` must be 1-D"),
+        (lambda q, r, s, m: (q, [r[0], r[1].float()], s, m), r"`responses\[1\]` must hold integer token ids"),
+        (lambda q, r, s, m: (q, [r[0], r[1][:0]], s, m), r"`responses\[1\]` is empty"),
+        (lambda q, r, s, m: ([q[0], q[1] + 10**6], r, s, m), r"`queries\[1\]` holds token id .* outside the model's vocabulary"),
+        (lambda q, r, s, m: (q, r, [s[0], torch.tensor(float("nan"))], m), r"`scores\[1\]` is nan"),
+        (lambda q, r, s, m: (q, r, [torch.tensor(float("inf")), s[1]], m), r"`scores\[0\]` is inf"),
+        (lambda q, r, s, m: (q, r, [s[0], "good"], m), r"`scores\[1\]` must be a scalar tensor or a number"),
+        (lambda q, r, s, m: (q, r, [s[0], torch.tensor([1.0, 2.0])], m), r"`scores\[1\]` must be a scalar"),
+        (lambda q, r, s, m: (q, r, s, [m[0], m[1][:-1]]), r"`response_masks\[1\]` has length 6 but `responses\[1\]` has length 7"),
+        (lambda q, r, s, m: (q, r, s, [m[0]]), r"`response_masks` has 1 elements"),
+        (lambda q, r, s, m: (q, r, s, [m[0] * 2, m[1]]), r"`response_masks\[0\]` must contain only 0 and 1"),
+        (lambda q, r, s, m: (q, r, s, [m[0], m[1] * 0]), r"`response_masks\[1\]` is all zeros"),
+    ],
+)
+def test_step_input_errors_name_argument_and_index(mutate, match):
+    trainer = make_trainer()
+    queries, responses, scores = batch()
+    masks = [torch.ones(len(RESPONSE), dtype=torch.long) for _ in range(2)]
+    with pytest.raises(ValueError, match=match):
+        trainer.step(*mutate(queries, responses, scores, masks))
+
+
+def test_plain_number_scores_are_accepted():
+    stats = make_trainer().step(*batch()[:2], [1.0, 3])
+    assert stats["ppo/mean_scores"] == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# masks: tool tokens have no effect
+# --------------------------------------------------------------------------------------------------
+def test_masked_tool_tokens_at_the_end_equal_removing_them():
+    """Tool tokens after the last model token, masked out, give the same losses, stats and weights as the
+    same episodes without them."""
+    tool_tokens = torch.tensor([27, 4012, 31, 1234, 88])
+    queries, responses, scores = batch()
+    scores = [torch.tensor(1.0), torch.tensor(-0.5)]
+    with_tool = [torch.cat([responses[0], tool_tokens]), responses[1]]
+    masks = [torch.cat([torch.ones(len(RESPONSE)), torch.zeros(len(tool_tokens))]), torch.ones(len(RESPONSE))]
+
+    trainer_a = make_trainer(learning_rate=1e-3)
+    stats_a = trainer_a.step(queries, with_tool, scores, masks)
+    trainer_b = make_trainer(learning_rate=1e-3)
+    stats_b = trainer_b.step(queries, responses, scores)
+    for key in ("ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "objective/kl", "objective/entropy",
+                "ppo/policy/entropy", "ppo/returns/mean", "ppo/val/vpred", "ppo/mean_non_score_reward"):
+        assert stats_a[key] == pytest.approx(stats_b[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(flat_weights(trainer_a.model), flat_weights(trainer_b.model), rtol=1e-5, atol=1e-6)
+
+
+def test_tool_token_logprobs_get_no_gradient():
+    """Changing what the model predicts at tool-token positions (their logits) does not change the loss:
+    the gradient of the loss with respect to those logits is exactly zero."""
+    trainer = make_trainer(batch_size=1, mini_batch_size=1)
+    queries, responses, scores = batch(1)
+    mask = torch.tensor([1, 1, 0, 0, 0, 1, 1], dtype=torch.float)
+    packed = trainer.prepare_model_inputs(queries, responses, [mask])
+    with torch.no_grad():
+        old_logprobs, _, old_values, kls = trainer._rollout_forward(packed)
+    from textenv.ppo import core
+
+    rewards, _ = core.compute_rewards(torch.tensor([1.0]), kls, packed.masks, 0.2)
+    values, advantages, returns = core.compute_advantages(old_values, rewards, packed.masks)
+    logits, vpreds, window = trainer._forward_window(trainer.model, packed)
+    logits.retain_grad()
+    logprobs = trainer._place(core.selective_logprobs(logits, trainer._labels(packed, window)), window, packed.num_positions)
+    loss, _, _ = core.ppo_loss(old_logprobs, values, logprobs, vpreds, torch.zeros_like(logprobs), packed.masks,
+                               advantages, returns, 0.2, 0.2, 0.1)
+    loss.backward()
+    grad_per_position = logits.grad.abs().sum(-1)[0]  # [W]
+    window_mask = packed.masks[0, window]
+    assert (grad_per_position[window_mask == 0] == 0).all()
+    assert (grad_per_position[window_mask == 1] > 0).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# forward pass independence of padding and mini-batch size
+# --------------------------------------------------------------------------------------------------
+def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenizer):
+    queries = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7, 8, 9, 10, 11]), torch.tensor([12, 13])]
+    responses = [torch.tensor([20, 21, 22, 23, 24]), torch.tensor([30, 31]), torch.tensor([40, 41, 42, 43, 44, 45, 46, 47])]
+    masks = [torch.tensor([1, 1, 0, 0, 1]), torch.ones(2), torch.tensor([1, 0, 1, 1, 1, 1, 0, 1])]
+    results = []
+    for mini_batch_size in (1, 3):
+        trainer = make_trainer(tokenizer=tokenizer, batch_size=3, mini_batch_size=mini_batch_size)
+        packed = trainer.prepare_model_inputs(queries, responses, masks)
+        with torch.no_grad():
+            outputs = trainer._rollout_forward(packed)
+        results.append((packed.masks, outputs))
+    # a different padding: every row on its own (no padding at all)
+    trainer = make_trainer(tokenizer=tokenizer, batch_size=1, mini_batch_size=1)
+    single = []
+    for q, r, m in zip(queries, responses, masks):
+        packed = trainer.prepare_model_inputs([q], [r], [m])
+        with torch.no_grad():
+            logprobs, _, values, _ = trainer._rollout_forward(packed)
+        single.append((logprobs[0][packed.masks[0].bool()], values[0][packed.masks[0].bool()]))
+
+    (mask_a, out_a), (mask_b, out_b) = results
+    assert torch.equal(mask_a, mask_b)
+    assert mask_a.sum() == sum(m.sum() for m in masks)
+    for a, b in zip(out_a, out_b):
+        torch.testing.assert_close(a[mask_a.bool()], b[mask_b.bool()], rtol=1e-4, atol=1e-5)
+    for row, (logprobs, values) in enumerate(single):
+        torch.testing.assert_close(out_a[0][row][mask_a[row].bool()], logprobs, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out_a[2][row][mask_a[row].bool()], values, rtol=1e-4, atol=1e-5)
+
+
+def test_left_padding_collator_gives_the_same_stats(tokenizer):
+    from transformers import DataCollatorWithPadding
+
+    left = copy.deepcopy(tokenizer)
+    left.padding_side = "left"
+    queries = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7, 8, 9, 10, 11])]
+    responses = [torch.tensor([20, 21, 22, 23, 24]), torch.tensor([30, 31, 32])]
+    scores = [torch.tensor(1.0), torch.tensor(0.0)]
+    right_stats = make_trainer(tokenizer=tokenizer, ppo_epochs=1).step(queries, responses, scores)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1, seed=42, ppo_epochs=1), make_model(),
+                             tokenizer=left, training_data_collator=DataCollatorWithPadding(left))
+    packed = trainer.prepare_model_inputs(queries, responses)
+    assert packed.attention_mask[0, 0] == 0  # really left-padded
+    left_stats = trainer.step(queries, responses, scores)
+    for key in ("ppo/loss/total", "objective/entropy", "ppo/val/vpred"):
+        assert left_stats[key] == pytest.approx(right_stats[key], rel=1e-3, abs=1e-5), key
+
+
+# --------------------------------------------------------------------------------------------------
+# optimisation options
+# --------------------------------------------------------------------------------------------------
+def test_gradient_accumulation_equivalence():
+    weights = []
+    for mini_batch_size, accumulation in ((2, 1), (1, 2)):
+        trainer = make_trainer(mini_batch_size=mini_batch_size, gradient_accumulation_steps=accumulation, learning_rate=1e-3)
+        trainer.step(*batch())
+        weights.append(trainer.accelerator.unwrap_model(trainer.model).v_head.summary.weight.detach().clone())
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-4, atol=1e-5)
+    # and it did train
+    assert not torch.equal(weights[0], make_model().v_head.summary.weight)
+
+
+def _recorded_grad_norms(trainer):
+    norms = []
+    original_step = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        grads = [p.grad for p in trainer.trainable_params if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+        return original_step(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    return norms
+
+
+def test_max_grad_norm_applies_on_every_call():
+    clipped = make_trainer(max_grad_norm=1e-3)
+    norms = _recorded_grad_norms(clipped)
+    clipped.step(*batch())
+    clipped.step(*batch())
+    assert len(norms) == 2 * 4 * 2
+    assert max(norms) <= 1e-3 * 1.001
+
+    unclipped = make_trainer()
+    free_norms = _recorded_grad_norms(unclipped)
+    unclipped.step(*batch())
+    assert min(free_norms) > 1e-2
+
+
+def test_early_stopping_stops_after_first_epoch():
+    steps = {}
+    for early in (False, True):
+        trainer = make_trainer(early_stopping=early, target_kl=-100.0)
+        calls = _recorded_grad_norms(trainer)
+        stats = trainer.step(*batch())
+        steps[early] = len(calls)
+    assert steps[False] == 8 and steps[True] == 2
+
+
+def test_ratio_threshold_skips_batch():
+    trainer = make_trainer(ratio_threshold=0.0, ppo_epochs=1)
+    before = flat_weights(trainer.model)
+    with pytest.warns(UserWarning, match="Skipping batch"):
+        stats = trainer.step(*batch())
+    assert stats["ppo/loss/total"] == 0.0
+    assert torch.equal(flat_weights(trainer.model), before)
+
+
+def test_adaptive_and_fixed_kl_controllers():
+    reference = make_model(seed=3)
+    adaptive = make_trainer(ref_model=reference, init_kl_coef=0.2, target=6.0, horizon=10.0)
+    stats = adaptive.step(*batch())
+    error = float(np.clip(stats["objective/kl"] / 6.0 - 1, -0.2, 0.2))
+    assert adaptive.kl_ctl.value == pytest.approx(0.2 * (1 + error * 2 / 10.0))
+    value_after_first = adaptive.kl_ctl.value
+    assert adaptive.step(*batch())["objective/kl_coef"] == pytest.approx(value_after_first)
+    assert adaptive.kl_ctl.value != value_after_first
+    fixed = make_trainer(ref_model=make_model(seed=3), adap_kl_ctrl=False, init_kl_coef=0.2)
+    fixed.step(*batch())
+    assert fixed.kl_ctl.value == 0.2
+
+
+@pytest.mark.parametrize("penalty", ["kl", "abs", "mse", "full"])
+def test_kl_penalties_in_step(penalty):
+    same = make_trainer(kl_penalty=penalty).step(*batch())
+    assert same["objective/kl"] == pytest.approx(0.0, abs=1e-6)
+    different = make_trainer(kl_penalty=penalty, ref_model=make_model(seed=5)).step(*batch())
+    assert different["objective/kl"] != pytest.approx(0.0, abs=1e-3)
+    if penalty != "kl":
+        assert different["objective/kl"] > 0
+        assert different["ppo/mean_non_score_reward"] < 0
+
+
+def test_score_scaling_norm_and_clip():
+    queries, responses, _ = batch()
+    scores = [torch.tensor(4.0), torch.tensor(-8.0)]
+    clipped = make_trainer(score_clip=0.5).step(queries, responses, scores)
+    assert clipped["ppo/mean_scores"] == pytest.approx(0.0)
+    assert clipped["ppo/std_scores"] == pytest.approx(np.std([0.5, -0.5], ddof=1))
+    trainer = make_trainer(use_score_scaling=True)
+    scaled = trainer.step(queries, responses, scores)
+    std = trainer.running.std
+    assert scaled["ppo/mean_scores"] == pytest.approx(-2.0 / std, rel=1e-5)
+    trainer = make_trainer(use_score_scaling=True, use_score_norm=True)
+    normed = trainer.step(queries, responses, scores)
+    assert normed["ppo/mean_scores"] == pytest.approx((-2.0 - trainer.running.mean) / trainer.running.std, rel=1e-5)
+
+
+def test_peft_model_uses_disabled_adapters_as_reference():
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_causal_lm(), peft_config=lora)
+    trainer = make_trainer(model=model, learning_rate=1e-2)
+    assert trainer.ref_model is None
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n and "v_head" not in n}
+    first = trainer.step(*batch())
+    assert first["objective/kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA B starts at zero
+    second = trainer.step(*batch())
+    assert second["objective/kl"] != 0.0  # adapters trained: policy differs from the reference
+    for name, param in model.named_parameters():
+        if name in base_before:
+            assert torch.equal(param, base_before[name]), name
+
+
+# --------------------------------------------------------------------------------------------------
+# generation, logging, saving
+# --------------------------------------------------------------------------------------------------
+def test_generate_single_batched_and_reference(tokenizer):
+    trainer = make_trainer(tokenizer=tokenizer)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=-1)
+    queries = [torch.tensor([504, 3616, 339]), torch.tensor([504, 3616, 339, 2691, 288])]
+    single = [trainer.generate(q, return_prompt=False, **kwargs) for q in queries]
+    assert single[0].shape == (1, 4)
+    assert trainer.generate(queries[0], **kwargs).shape == (1, 7)
+    batched = trainer.generate(queries, batch_size=2, return_prompt=False, **kwargs)
+    for one, many in zip(single, batched):
+        assert torch.equal(one[0], many)
+    with pytest.raises(ValueError, match="1-D"):
+        trainer.generate(torch.stack([queries[0], queries[0]]))
+
+    ref = trainer.ref_model.pretrained_model.lm_head
+    ref.weight = torch.nn.Parameter(-ref.weight.detach().clone(), requires_grad=False)
+    response, ref_response = trainer.generate(queries, return_prompt=False, generate_ref_response=True, **kwargs)
+    assert any(not torch.equal(a, b) for a, b in zip(response, ref_response))
+
+
+def test_generate_cuts_after_generated_eos_only(tokenizer):
+    trainer = make_trainer(tokenizer=tokenizer)
+    eos = tokenizer.eos_token_id
+    query = torch.tensor([504, eos, 339])  # the prompt itself contains EOS (chat templates do)
+    out = trainer.generate([query], return_prompt=True, max_new_tokens=3, do_sample=False, pad_token_id=eos)[0]
+    assert torch.equal(out[:3], query) and len(out) > 3
+
+
+def test_log_stats_with_tensorboard(tmp_path, tokenizer):
+    trainer = make_trainer(tokenizer=tokenizer, log_with="tensorboard", project_kwargs={"logging_dir": str(tmp_path)})
+    stats = trainer.step(*batch())
+    trainer.log_stats(stats, {"query": ["a", "b"], "response": ["c", "d"]}, [torch.tensor(1.0), torch.tensor(0.0)])
+    trainer.accelerator.end_training()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list(tmp_path.rglob("events.out.tfevents*"))
+    assert files
+    tags = set()
+    for file in files:
+        accumulator = EventAccumulator(str(file))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    assert {"env/reward_mean", "objective/kl", "ppo/loss/total"} <= tags
+
+
+def test_save_pretrained_round_trip(tmp_path, tokenizer):
+    trainer = make_trainer(tokenizer=tokenizer, learning_rate=1e-2)
+    trainer.step(*batch())
+    trainer.save_pretrained(str(tmp_path))
+    assert (tmp_path / "tokenizer_config.json").is_file()
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path))
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    torch.testing.assert_close(loaded.v_head.summary.weight, trained.v_head.summary.weight)
+    torch.testing.assert_close(flat_weights(loaded), flat_weights(trained))
