@@ -258,8 +258,29 @@ def test_hub_falls_back_to_spaces_where_legacy_tools_lived(tmp_path, monkeypatch
         return str(folder)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    assert isinstance(load_tool("ybelkada/simple-calculator"), Calculator)
+    assert isinstance(load_tool("someone/space-calculator"), Calculator)
     assert calls == [None, "space"]
+
+
+def test_legacy_example_tool_ids_load_offline_as_builtins(monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("a legacy tool id must not reach the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_download)
+    calculator = load_tool("ybelkada/simple-calculator")
+    assert isinstance(calculator, Calculator) and calculator("13-3") == "10.0"  # the legacy tool's format
+    interpreter = load_tool("lvwerra/python-interpreter", timeout=2)
+    assert isinstance(interpreter, PythonInterpreter) and interpreter.timeout == 2
+
+
+def test_downloaded_config_cannot_loosen_the_sandbox_without_trust(tmp_path, monkeypatch):
+    folder = save_tool(PythonInterpreter(timeout=600, allow_subprocesses=True), tmp_path / "loose")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kwargs: str(folder))
+    with pytest.raises(ValueError, match=r"sandbox limits \['allow_subprocesses', 'timeout'"):
+        load_tool("someone/loose-interpreter")
+    trusted = load_tool("someone/loose-interpreter", trust_remote_code=True)
+    assert trusted.timeout == 600 and trusted.allow_subprocesses
+    assert load_tool(folder).timeout == 600  # a local folder is the user's own: no trust needed
 
 
 def _hub_cache_layout(tmp_path, target_outside=False):

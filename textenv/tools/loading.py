@@ -34,6 +34,12 @@ from .python_interpreter import PythonInterpreter
 from .wiki_search import WikiSearch
 
 CONFIG_NAME = "tool_config.json"
+# Hub tools of the legacy TRL examples, answered by the built-in equivalents without any download, so an
+# old notebook's `load_tool("ybelkada/simple-calculator")` runs offline after the import swap.
+LEGACY_TOOL_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ybelkada/simple-calculator": ("Calculator", {"legacy_format": True}),
+    "lvwerra/python-interpreter": ("PythonInterpreter", {}),
+}
 LEGACY_MODULE_NAME = "tool.py"
 BUILTIN_TOOLS: dict[str, type] = {
     f"textenv.tools.{cls.__name__}": cls for cls in (Calculator, PythonInterpreter, WikiSearch)
@@ -90,6 +96,8 @@ def load_tool(
             the repository.
         FileNotFoundError: a local-looking path does not exist.
     """
+    if str(repo_id_or_path) in LEGACY_TOOL_ALIASES and not Path(repo_id_or_path).is_dir():
+        return _legacy_alias(str(repo_id_or_path), kwargs)
     folder, allowed_roots = _locate(repo_id_or_path, revision)
     config = _read_config(folder)
     tool_factory = _resolve_factory(config, folder, allowed_roots, trust_remote_code, str(repo_id_or_path))
@@ -101,8 +109,32 @@ def load_tool(
         # A config must not point a built-in tool at the user's own files (e.g. WikiSearch over ~/.ssh).
         if not isinstance(init_kwargs[name], (list, dict)):
             init_kwargs[name] = str(_inside(folder, init_kwargs[name], allowed_roots, what=f"file argument {name!r}"))
+    loosened = _changed_security_arguments(tool_factory, init_kwargs)
+    if loosened and not trust_remote_code and not Path(repo_id_or_path).is_dir():
+        raise ValueError(
+            f"load_tool({str(repo_id_or_path)!r}): the downloaded config sets the sandbox limits {loosened}. "
+            "Pass trust_remote_code=True to accept them, or pass your own values as keyword arguments."
+        )
     init_kwargs.update(kwargs)
     return tool_factory(**init_kwargs)
+
+
+def _changed_security_arguments(tool_factory: Any, init_kwargs: dict[str, Any]) -> list[str]:
+    """Sandbox-limit arguments that the config sets to something other than the constructor's default."""
+    import inspect
+
+    names = getattr(tool_factory, "security_arguments", ())
+    if not names:
+        return []
+    defaults = {name: p.default for name, p in inspect.signature(tool_factory).parameters.items()}
+    return sorted(name for name in names if name in init_kwargs and init_kwargs[name] != defaults.get(name))
+
+
+def _legacy_alias(repo_id: str, kwargs: dict[str, Any]) -> Any:
+    from textenv import tools
+
+    class_name, alias_kwargs = LEGACY_TOOL_ALIASES[repo_id]
+    return getattr(tools, class_name)(**{**alias_kwargs, **kwargs})
 
 
 # --- saving ---------------------------------------------------------------------------------------

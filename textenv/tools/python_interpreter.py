@@ -94,6 +94,10 @@ class PythonInterpreter:
     ```
     """
 
+    # Constructor arguments that loosen the sandbox: a downloaded tool config may set them only with
+    # trust_remote_code=True (see `load_tool`).
+    security_arguments = ("timeout", "memory_mb", "max_output_chars", "max_processes", "max_file_mb", "allow_subprocesses")
+
     def __init__(
         self,
         timeout: float = 5.0,
