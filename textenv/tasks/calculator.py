@@ -49,6 +49,12 @@ def generate_tasks(count: int, seed: int | None = None) -> tuple[list[str], list
     return queries, answers
 
 
+def random_task(rng: random.Random) -> tuple[str, float]:
+    """One random task drawn from `rng`: the query (formatted with `format_query`) and its answer."""
+    a, b, operator = rng.randrange(50), rng.randrange(50), rng.choice(OPERATORS)
+    return format_query(f"What is {a}{operator}{b}?"), float(_apply(a, operator, b))
+
+
 def _apply(a: int, operator: str, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b}[operator]
 

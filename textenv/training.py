@@ -1,0 +1,347 @@
+"""The calculator training loop, shared by `textenv demo` and `examples/calculator.py`.
+
+One PPO iteration is `rollout -> PPOTrainer.step -> log`:
+
+1. `TextEnvironment.run` plays one episode per task with the policy (sampling at temperature 1, like the
+   legacy example) and scores it with the exact-match reward;
+2. `PPOTrainer.step` takes the query tokens, the response tokens (model and tool tokens interleaved), the
+   rewards and the masks (1 = model token);
+3. the step's statistics go to the trainer's trackers (`log_stats`) and into a `StepLog`.
+
+`evaluate` measures a policy on a fixed task set, sampled or greedy.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from textenv.environment import TextEnvironment, TextHistory
+from textenv.tasks import calculator as task
+from textenv.tools import Calculator
+
+# Sampling exactly as the legacy example: temperature 1, no top-k / top-p filtering.
+SAMPLING_KWARGS = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+GREEDY_KWARGS = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TINY_MODEL = "tiny"
+
+
+@dataclass
+class Settings:
+    """Everything one calculator training run depends on. The defaults are the demo's settings.
+
+    Attributes:
+        model: `"bundled"` (SmolLM2-135M-Instruct), `"tiny"` (a random tiny model, for smoke tests) or a
+            local folder / hub id of a causal LM.
+        device: torch device of the policy (`"cpu"`, `"cuda"`, ...).
+        threads: torch CPU threads (`torch.set_num_threads`); 0 leaves torch's default.
+        seed: seed of torch, of the training tasks and of the PPO trainer.
+        steps: PPO steps.
+        batch_size: episodes per PPO step.
+        mini_batch_size: episodes per PPO mini-batch (forward + backward).
+        ppo_epochs: optimisation passes over each batch.
+        learning_rate: Adam learning rate.
+        init_kl_coef: initial weight of the KL penalty to the reference policy.
+        adap_kl_ctrl: adapt the KL weight towards `kl_target`.
+        kl_target: target KL of the adaptive controller.
+        lora: train LoRA adapters (peft) instead of all weights.
+        lora_rank: LoRA rank `r` (`lora_alpha = 2 * r`).
+        lora_layers: put adapters on the top `lora_layers` decoder layers only (0 = all layers). Gradients
+            then stop at the lowest adapted layer, which makes the backward pass much cheaper on a CPU.
+        max_new_tokens: tokens per model turn.
+        max_turns: model turns per episode.
+        generation_batch_size: episodes generated together.
+        eval_tasks: size of the held-out task set.
+        eval_seed: seed of the held-out task set.
+    """
+
+    model: str = "bundled"
+    device: str = "cpu"
+    threads: int = 2
+    seed: int = 0
+    steps: int = 12
+    batch_size: int = 16
+    mini_batch_size: int = 8
+    ppo_epochs: int = 2
+    learning_rate: float = 5e-4
+    init_kl_coef: float = 0.02
+    adap_kl_ctrl: bool = True
+    kl_target: float = 6.0
+    lora: bool = True
+    lora_rank: int = 16
+    lora_layers: int = 8
+    max_new_tokens: int = 24
+    max_turns: int = 3
+    generation_batch_size: int = 50
+    eval_tasks: int = 100
+    eval_seed: int = 1234
+
+
+@dataclass
+class Evaluation:
+    """The result of `evaluate`: accuracy, the per-episode rewards and histories, and the wall time."""
+
+    accuracy: float
+    rewards: list[float]
+    histories: list[TextHistory]
+    seconds: float
+
+
+@dataclass
+class StepLog:
+    """What one PPO step did: mean training reward, KL to the reference, and where the time went."""
+
+    step: int
+    reward_mean: float
+    kl: float
+    kl_coef: float
+    rollout_seconds: float
+    ppo_seconds: float
+    stats: dict = field(default_factory=dict, repr=False)
+
+
+# --------------------------------------------------------------------------------------------- set-up
+def seed_everything(seed: int, threads: int = 0) -> None:
+    """Seed `random` and torch; with `threads > 0`, also fix the number of torch CPU threads."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def lora_config(rank: int, layers: int, num_hidden_layers: int):
+    """A peft `LoraConfig` on the attention and MLP projections of the top `layers` decoder layers
+    (all layers when `layers` is 0)."""
+    from peft import LoraConfig
+
+    layers_to_transform = None
+    if 0 < layers < num_hidden_layers:
+        layers_to_transform = list(range(num_hidden_layers - layers, num_hidden_layers))
+    return LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGET_MODULES),
+        layers_to_transform=layers_to_transform,
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(settings: Settings):
+    """The policy to train (an `AutoModelForCausalLMWithValueHead`, with LoRA adapters if
+    `settings.lora`) and its tokenizer.
+
+    Returns:
+        `(model, tokenizer)`.
+    """
+    from textenv.models import load_model, load_tokenizer
+    from textenv.ppo import AutoModelForCausalLMWithValueHead
+
+    if settings.model == TINY_MODEL:
+        from textenv.testing import tiny_causal_lm
+
+        base, tokenizer = tiny_causal_lm(seed=settings.seed), load_tokenizer()
+    else:
+        base, tokenizer = load_model(settings.model)
+    base.to(settings.device)
+    peft_config = None
+    if settings.lora:
+        peft_config = lora_config(settings.lora_rank, settings.lora_layers, base.config.num_hidden_layers)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
+    model.v_head.to(settings.device)
+    return model.eval(), tokenizer
+
+
+def build_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
+    """The calculator TextEnvironment: the 2-shot prompt, the `Calculator` tool and the exact-match
+    reward, sampling at temperature 1."""
+    return TextEnvironment(
+        model,
+        tokenizer,
+        {task.TOOL_NAME: Calculator()},
+        task.exact_match_reward,
+        task.PROMPT,
+        max_turns=settings.max_turns,
+        generation_kwargs={**SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
+        batch_size=settings.generation_batch_size,
+    )
+
+
+def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = None):
+    """A `PPOTrainer` for `model` (the reference is the model with its adapters disabled when it uses
+    LoRA). With `log_dir`, statistics are logged to tensorboard there."""
+    from textenv.ppo import PPOConfig, PPOTrainer
+
+    config = PPOConfig(
+        exp_name="calculator",
+        seed=settings.seed,
+        steps=settings.steps * settings.batch_size,
+        learning_rate=settings.learning_rate,
+        batch_size=settings.batch_size,
+        mini_batch_size=settings.mini_batch_size,
+        ppo_epochs=settings.ppo_epochs,
+        init_kl_coef=settings.init_kl_coef,
+        adap_kl_ctrl=settings.adap_kl_ctrl,
+        target=settings.kl_target,
+        log_with="tensorboard" if log_dir else None,
+        project_kwargs={"logging_dir": log_dir} if log_dir else {},
+        tracker_project_name="calculator",
+    )
+    return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
+
+
+# --------------------------------------------------------------------------------------------- tasks
+def training_task_batches(batch_size: int, seed: int, exclude: Sequence[str] = ()) -> Iterator[tuple[list[str], list[float]]]:
+    """An endless stream of `(queries, answers)` batches of random calculator tasks, never one of
+    `exclude` (the held-out queries)."""
+    held_out = set(exclude)
+    rng = random.Random(seed)
+    while True:
+        queries, answers = [], []
+        while len(queries) < batch_size:
+            query, answer = task.random_task(rng)
+            if query not in held_out:
+                queries.append(query)
+                answers.append(answer)
+        yield queries, answers
+
+
+# --------------------------------------------------------------------------------------------- loop
+@contextmanager
+def generation_mode(env: TextEnvironment, sample: bool):
+    """Temporarily make `env` sample at temperature 1 (`sample=True`) or decode greedily."""
+    saved = env.generation_kwargs
+    mode = SAMPLING_KWARGS if sample else GREEDY_KWARGS
+    env.generation_kwargs = {**saved, **mode}
+    try:
+        yield env
+    finally:
+        env.generation_kwargs = saved
+
+
+def evaluate(env: TextEnvironment, queries: Sequence[str], answers: Sequence[float], sample: bool) -> Evaluation:
+    """Accuracy of the environment's model on `queries` (exact-match reward), sampled at temperature 1
+    or greedy.
+
+    Args:
+        env: a calculator `TextEnvironment` (see `build_environment`).
+        queries, answers: the tasks, e.g. from `textenv.tasks.calculator.generate_tasks`.
+        sample: sample at temperature 1 (the policy as it is trained) instead of greedy decoding.
+
+    Returns:
+        An `Evaluation` (accuracy in [0, 1], rewards, histories, seconds).
+    """
+    env.model.eval()
+    started = time.perf_counter()
+    with generation_mode(env, sample):
+        *_, rewards, histories = env.run(list(queries), answers=list(answers))
+    rewards = [float(reward) for reward in rewards]
+    return Evaluation(sum(rewards) / len(rewards), rewards, histories, time.perf_counter() - started)
+
+
+def train_step(ppo_trainer, env: TextEnvironment, queries: list[str], answers: list[float], step: int) -> StepLog:
+    """One PPO iteration: play the episodes, optimise on them, log the statistics."""
+    env.model.eval()
+    started = time.perf_counter()
+    query_tokens, responses, masks, rewards, histories = env.run(queries, answers=answers)
+    rollout_seconds = time.perf_counter() - started
+    scores = [torch.tensor(float(reward)) for reward in rewards]
+    stats = ppo_trainer.step(query_tokens, responses, scores, masks)
+    ppo_seconds = time.perf_counter() - started - rollout_seconds
+    batch = {"query": queries, "response": [_response_text(history) for history in histories]}
+    ppo_trainer.log_stats(stats, batch, scores)
+    return StepLog(
+        step=step,
+        reward_mean=sum(float(s) for s in scores) / len(scores),
+        kl=float(stats["objective/kl"]),
+        kl_coef=float(stats["objective/kl_coef"]),
+        rollout_seconds=rollout_seconds,
+        ppo_seconds=ppo_seconds,
+        stats=stats,
+    )
+
+
+def train(
+    ppo_trainer,
+    env: TextEnvironment,
+    task_batches: Iterator[tuple[list[str], list[float]]],
+    steps: int,
+    progress: bool = True,
+    on_step: Callable[[StepLog], None] | None = None,
+) -> list[StepLog]:
+    """Run `steps` PPO iterations on batches from `task_batches`, with a tqdm progress bar.
+
+    Returns:
+        One `StepLog` per step.
+    """
+    from tqdm.auto import tqdm
+
+    logs = []
+    bar = tqdm(range(steps), desc="PPO", unit="step", disable=not progress)
+    for step in bar:
+        queries, answers = next(task_batches)
+        log = train_step(ppo_trainer, env, queries, answers, step)
+        logs.append(log)
+        bar.set_postfix(reward=f"{log.reward_mean:.2f}", kl=f"{log.kl:.2f}")
+        if on_step is not None:
+            on_step(log)
+    return logs
+
+
+def _response_text(history: TextHistory) -> str:
+    return history.text[history.text_spans[0][1] :]
+
+
+# --------------------------------------------------------------------------------------------- reporting
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux `ru_maxrss` is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and up to `window - 1` values before it."""
+    averages = []
+    for index in range(len(values)):
+        chunk = values[max(0, index - window + 1) : index + 1]
+        averages.append(sum(chunk) / len(chunk))
+    return averages
+
+
+def plot_reward_curve(logs: Sequence[StepLog], path: str | Path, held_out: dict[str, float] | None = None) -> Path:
+    """Save a PNG of the mean training reward per PPO step (and its moving average), with optional
+    horizontal lines for held-out accuracies (`{"label": accuracy}`).
+
+    Returns:
+        The path of the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps = [log.step + 1 for log in logs]
+    rewards = [log.reward_mean for log in logs]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, rewards, marker="o", alpha=0.5, label="training reward (sampled)")
+    axis.plot(steps, moving_average(rewards, 4), linewidth=2, label="moving average (4 steps)")
+    for (label, accuracy), style in zip((held_out or {}).items(), ("--", ":", "-.", "--")):
+        axis.axhline(accuracy, linestyle=style, color="grey", label=label)
+    axis.set_xlabel("PPO step")
+    axis.set_ylabel("mean reward (exact match)")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_title("Calculator agent: reward during PPO")
+    axis.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
