@@ -8,7 +8,7 @@ STAMP := $(VENV)/.textenv-installed
 .PHONY: demo test setup clean
 
 demo: $(STAMP)
-	$(BIN)/python -m textenv.demo
+	$(BIN)/textenv demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
