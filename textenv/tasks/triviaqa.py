@@ -61,6 +61,14 @@ def load_questions(path: str | os.PathLike) -> list[dict]:
     return [record for record in records if record["question"] not in PROMPT_QUESTIONS]
 
 
+def split_questions(questions: Sequence[dict], held_out_every: int = 5) -> tuple[list[dict], list[dict]]:
+    """`(training, held_out)`: every `held_out_every`-th question is held out for evaluation. Their facts
+    never appear in a training episode, so only a search can answer them."""
+    held_out = [record for index, record in enumerate(questions) if index % held_out_every == held_out_every - 1]
+    training = [record for index, record in enumerate(questions) if index % held_out_every != held_out_every - 1]
+    return training, held_out
+
+
 def generate_tasks(
     questions: Sequence[dict], count: int, seed: int | None = None
 ) -> tuple[list[str], list[list[str]]]:

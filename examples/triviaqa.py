@@ -1,0 +1,193 @@
+"""Teach a language model to look things up with PPO (the legacy TRL `triviaqa.py` example, offline).
+
+The questions are about a fictional world (`examples/data/fictional_wiki.jsonl`: invented people, places
+and facts), so the model cannot know the answers: it has to search. From a 2-shot prompt it learns to
+call `<request><Wiki>search words<call>`, read the passage the `Wiki` tool (BM25 `WikiSearch` over the
+corpus) returns, and answer `Result=answer<submit>`. Tool responses are cut at 400 characters, as in the
+legacy example. The reward is 1 when the submitted answer contains an accepted answer after
+normalisation (case, punctuation and articles ignored) and 0 otherwise. Each PPO step plays
+`--batch-size` episodes with TextEnvironment (sampling at temperature 1) and optimises on them with
+`PPOTrainer.step`.
+
+The defaults are small enough for a CPU (the bundled SmolLM2-135M-Instruct with LoRA adapters); a smoke
+test runs in seconds with `--model tiny --steps 1 --batch-size 2`; for a GPU-size run, e.g.:
+
+    python examples/triviaqa.py --device cuda --steps 200 --batch-size 32 --mini-batch-size 8 \\
+        --max-new-tokens 64 --threads 0
+
+Statistics go to tensorboard (`tensorboard --logdir runs/triviaqa`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+from textenv import PPOConfig, PPOTrainer, TextEnvironment, training
+from textenv.tasks import triviaqa as task
+from textenv.tools import WikiSearch
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+MAX_TOOL_RESPONSE = 400  # characters, as in the legacy example
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
+    parser.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads, 0 = torch default (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
+    parser.add_argument("--mini-batch-size", type=int, default=None, help="episodes per mini-batch (default: the batch size)")
+    parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s, as in the legacy example)")
+    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
+    parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
+    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=defaults.lora, help="train LoRA adapters instead of all weights (default: %(default)s)")
+    parser.add_argument("--lora-rank", type=int, default=defaults.lora_rank, help="(default: %(default)s)")
+    parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
+    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode: search, then answer (default: %(default)s)")
+    parser.add_argument("--corpus", type=Path, default=DATA_DIR / "fictional_wiki.jsonl", help="documents to search, one {title, text} per line (default: the shipped corpus)")
+    parser.add_argument("--questions", type=Path, default=DATA_DIR / "fictional_wiki_questions.jsonl", help="one {question, answers, title} per line (default: the shipped questions)")
+    parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
+    parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
+    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out questions answered greedily after training, 0 = none (default: %(default)s)")
+    parser.add_argument("--show", type=int, default=2, help="evaluation episodes to print with show_text (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> training.Settings:
+    return training.Settings(
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        mini_batch_size=args.mini_batch_size or args.batch_size,
+        ppo_epochs=args.ppo_epochs,
+        learning_rate=args.lr,
+        init_kl_coef=args.init_kl_coef,
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        lora_layers=args.lora_layers,
+        max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns,
+        generation_batch_size=args.batch_size,
+    )
+
+
+def build_environment(model, tokenizer, settings: training.Settings, corpus: Path) -> TextEnvironment:
+    """The trivia TextEnvironment: the 2-shot prompt, the `Wiki` tool over `corpus` and the
+    normalised-answer reward, sampling at temperature 1."""
+    return TextEnvironment(
+        model,
+        tokenizer,
+        {task.TOOL_NAME: WikiSearch(corpus)},
+        task.answer_match_reward,
+        task.PROMPT,
+        max_turns=settings.max_turns,
+        max_tool_reponse=MAX_TOOL_RESPONSE,
+        generation_kwargs={**training.SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
+        batch_size=settings.generation_batch_size,
+    )
+
+
+def build_trainer(model, tokenizer, settings: training.Settings, log_dir: str) -> PPOTrainer:
+    """A `PPOTrainer` logging to tensorboard under `log_dir/triviaqa`."""
+    config = PPOConfig(
+        exp_name="triviaqa",
+        seed=settings.seed,
+        steps=settings.steps * settings.batch_size,
+        learning_rate=settings.learning_rate,
+        batch_size=settings.batch_size,
+        mini_batch_size=settings.mini_batch_size,
+        ppo_epochs=settings.ppo_epochs,
+        init_kl_coef=settings.init_kl_coef,
+        log_with="tensorboard",
+        project_kwargs={"logging_dir": log_dir},
+        tracker_project_name="triviaqa",
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "No dataset is provided")  # the episodes come from the environment
+        return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
+
+
+def task_batches(questions: list[dict], batch_size: int, seed: int) -> Iterator[tuple[list[str], list[list[str]]]]:
+    """An endless stream of `(queries, accepted answers)` batches of random questions."""
+    rng = random.Random(seed)
+    while True:
+        yield task.generate_tasks(questions, batch_size, seed=rng.randrange(2**32))
+
+
+def evaluate_held_out(env: TextEnvironment, held_out: list[dict], count: int, seed: int) -> training.Evaluation:
+    """Greedy accuracy on the first `count` held-out questions, which never appear in training: only
+    searching can answer them."""
+    records = random.Random(seed).sample(held_out, min(count, len(held_out)))
+    queries = [task.format_query(record["question"]) for record in records]
+    return training.evaluate(env, queries, [record["answers"] for record in records], sample=False)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    started = time.perf_counter()
+    training.seed_everything(settings.seed, settings.threads)
+
+    model, tokenizer = training.load_policy(settings)
+    ppo_trainer = build_trainer(model, tokenizer, settings, args.log_dir)
+    env = build_environment(model, tokenizer, settings, args.corpus)
+    train_questions, held_out = task.split_questions(task.load_questions(args.questions))
+    batches = task_batches(train_questions, settings.batch_size, settings.seed)
+
+    logs = training.train(ppo_trainer, env, batches, settings.steps, progress=not args.no_progress)
+    ppo_trainer.accelerator.end_training()
+    if args.save_dir:
+        ppo_trainer.save_pretrained(args.save_dir)
+
+    summary = summarise(logs)
+    if args.eval_tasks > 0:
+        evaluation = evaluate_held_out(env, held_out, args.eval_tasks, settings.seed)
+        for history in evaluation.histories[: args.show]:
+            history.show_text(show_legend=history is evaluation.histories[0])
+        summary["held_out_accuracy"] = evaluation.accuracy
+    summary["seconds"] = time.perf_counter() - started
+    print_summary(summary, args)
+    return summary
+
+
+def summarise(logs: list[training.StepLog]) -> dict:
+    """Mean reward over the first and the last tenth of the steps (at least one step each) and the final KL."""
+    window = max(1, len(logs) // 10)
+    rewards = [log.reward_mean for log in logs]
+    return {
+        "steps": len(logs),
+        "window": window,
+        "first_reward": sum(rewards[:window]) / window,
+        "last_reward": sum(rewards[-window:]) / window,
+        "final_kl": logs[-1].kl,
+    }
+
+
+def print_summary(summary: dict, args: argparse.Namespace) -> None:
+    print("\n=== triviaqa PPO summary ===")
+    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    print(
+        f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
+        f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
+    )
+    if "held_out_accuracy" in summary:
+        print(f"held-out accuracy (greedy, {args.eval_tasks} questions never trained on): {summary['held_out_accuracy']:.1%}")
+    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {training.peak_memory_mb():.0f} MiB")
+    print(f"tensorboard logs: {Path(args.log_dir) / 'triviaqa'}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
+
+
+if __name__ == "__main__":
+    main()
