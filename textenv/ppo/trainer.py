@@ -100,6 +100,10 @@ class PPOTrainer:
         set_seed(config.seed)
 
         accelerator_kwargs = dict(config.accelerator_kwargs)
+        if _launched_on_cpu_only():
+            # accelerate treats a torchrun/mpirun launch on a machine without accelerators as a single process
+            # unless told to use the CPU; say it, so the processes really train together (gloo).
+            accelerator_kwargs.setdefault("cpu", True)
         accelerator_kwargs.setdefault(
             "gradient_accumulation_plugin",
             GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False),
@@ -714,6 +718,14 @@ class PPOTrainer:
         from textenv.ppo.checkpoint import load_checkpoint
 
         load_checkpoint(self, checkpoint_dir)
+
+
+def _launched_on_cpu_only() -> bool:
+    import os
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
+    has_accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    return launched and not has_accelerator
 
 
 def _rowwise_entropy(logits: torch.Tensor) -> torch.Tensor:
