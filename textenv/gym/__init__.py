@@ -22,6 +22,7 @@ from textenv.gym.registry import (
 )
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.scheduler import EnvTimeoutError, GymScheduler, RunStats
+from textenv.gym.training import collect_trainable, ppo_batch, train_on_gym
 from textenv.gym.validation import EnvContractError
 
 __all__ = [
@@ -49,6 +50,9 @@ __all__ = [
     "load_plugins",
     "load_rows",
     "make_request",
+    "ppo_batch",
+    "collect_trainable",
+    "train_on_gym",
     "read_completions",
     "register_context_manager",
     "register_env",

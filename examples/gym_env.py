@@ -1,0 +1,91 @@
+"""A custom gym env end to end on the bundled model, on CPU: rollout -> PPO step -> completions.jsonl.
+
+    python examples/gym_env.py [--steps 1] [--output gym_out]
+
+The env (`capitals`) and a context manager (`last_turn_only`) come from the plugin file
+`examples/gym_plugin.py`, loaded exactly as ``textenv rollout --external_plugins`` loads it. Set
+``TEXTENV_SMALL=1`` for a smaller run. The same job from the command line:
+
+    textenv train-gym --dataset rows.jsonl --external_plugins examples/gym_plugin.py --gym_env capitals \\
+        --max_turns 2 --steps 1 --ppo_batch_size 4 --output gym_out/completions.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from textenv.gym import GymScheduler, load_plugins, ppo_batch, read_completions
+from textenv.models import load_bundled_model
+from textenv.ppo import PPOConfig, PPOTrainer
+
+PLUGIN = Path(__file__).with_name("gym_plugin.py")
+WORDS = ["apple", "river", "green", "seven", "house", "music", "cloud", "tiger"]
+
+
+def dataset_rows(count: int) -> list[dict]:
+    """Rows for the plugin's env; every other one uses the plugin's context manager."""
+    rows = []
+    for index in range(count):
+        row = {"word": WORDS[index % len(WORDS)], "env_config": {"name": "capitals", "latency": 0.05}}
+        if index % 2:
+            row["ctx_config"] = {"name": "last_turn_only"}
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1, help="PPO steps (default 1)")
+    parser.add_argument("--output", default="gym_out", help="folder for completions.jsonl (default gym_out)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    small = os.environ.get("TEXTENV_SMALL") == "1"
+    episodes_per_step = 2 if small else 4
+    torch.manual_seed(args.seed)
+
+    load_plugins(PLUGIN)  # registers "capitals" and "last_turn_only"
+    model, tokenizer = load_bundled_model(value_head=True)
+    config = PPOConfig(batch_size=episodes_per_step, mini_batch_size=episodes_per_step, ppo_epochs=1, learning_rate=1e-5, seed=args.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "no dataset": episodes come from the gym
+        trainer = PPOTrainer(config, model, tokenizer=tokenizer)
+    scheduler = GymScheduler(
+        trainer.model,
+        tokenizer,
+        max_turns=2,
+        loss_scale="default",  # train every reply (ms-swift's server default is "last_round")
+        generation_kwargs={"max_new_tokens": 8, "do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0},
+        step_timeout=30,
+    )
+    completions = Path(args.output) / "completions.jsonl"
+    completions.unlink(missing_ok=True)
+    rows = dataset_rows(episodes_per_step)
+    result = {}
+    for step in range(args.steps):
+        episodes = scheduler.run(rows, step=step, completions_path=completions)
+        for episode in episodes:
+            replies = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+            print(f"[step {step}] {episode.env_name} word={episode.trajectory_infos[0]['word']!r} turns={episode.num_turns} "
+                  f"reward={episode.total_reward:.1f} finish={episode.finish_reason} replies={replies}")
+        queries, responses, scores, masks = ppo_batch(episodes)
+        stats = trainer.step(queries, responses, scores, masks)
+        result = {
+            "step": step,
+            "reward_mean": float(torch.stack(scores).mean()),
+            "trained_tokens": int(sum(int(mask.sum()) for mask in masks)),
+            "kl": float(stats["objective/kl"]),
+            "loss": float(stats["ppo/loss/total"]),
+        }
+        print(f"[step {step}] PPO: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    records = read_completions(completions)
+    print(f"{completions}: {len(records)} lines; first trajectory_infos: {records[0]['trajectory_infos']}")
+    return {**result, "completions": str(completions), "lines": len(records)}
+
+
+if __name__ == "__main__":
+    main()
