@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -199,7 +200,9 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
         init_kl_coef=args.init_kl_coef,
         seed=args.seed,
     )
-    trainer = PPOTrainer(config, model, tokenizer=tokenizer)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")  # episodes come from the gym
+        trainer = PPOTrainer(config, model, tokenizer=tokenizer)
     scheduler = _scheduler(args, trainer.model, tokenizer)
     torch.manual_seed(args.seed)
 

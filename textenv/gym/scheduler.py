@@ -241,8 +241,8 @@ class GymScheduler:
                 episode.trajectory_id = request.uuid
                 env_config = dict(request.data_dict.get("env_config") or {})
                 ctx_config = dict(request.data_dict.get("ctx_config") or {})
-                env_class = resolve_env(env_config, self.gym_env)
                 episode.env_name = env_config.get("name", self.gym_env)
+                env_class = resolve_env(env_config, self.gym_env)
                 manager = resolve_context_manager(ctx_config, self.context_manager)(ctx_config)
                 env = env_class(env_config)
             except Exception as error:  # noqa: BLE001 - a bad row ends its own episode only
