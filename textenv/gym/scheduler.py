@@ -191,7 +191,7 @@ class GymScheduler:
         Returns:
             The episodes, ordered by row then generation.
         """
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         _check_positive("num_generations", num_generations)
         self.stats = RunStats()
@@ -199,7 +199,7 @@ class GymScheduler:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textenv-gym-generate")
         queue = GenerationQueue(self.generate, executor, self.batch_size)
         total = len(rows) * num_generations if hasattr(rows, "__len__") else None
-        bar = tqdm(total=total, desc="gym episodes", unit="episode", disable=not progress)
+        bar = tqdm(total=total, desc="gym episodes", unit="episode") if progress else _NoBar()
         context = _RunContext(queue=queue, log=log, bar=bar, step=step)
         results: Dict[int, GymEpisode] = {}
         try:
@@ -417,6 +417,16 @@ class _RunContext:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when progress is off (tqdm would still start its monitor thread)."""
+
+    def update(self, count: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _finisher(tasks: set, slots: asyncio.Semaphore, results: Optional[Dict[int, GymEpisode]], key: int):

@@ -82,7 +82,7 @@ def train_on_gym(
     Returns:
         The stats of every step, with `env/reward_mean` added.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     if not rows:
         raise ValueError("train_on_gym needs at least one dataset row.")
@@ -91,7 +91,7 @@ def train_on_gym(
     all_stats = []
     log = CompletionsLog(completions_path) if completions_path is not None else None
     try:
-        for step in tqdm(range(steps), desc="PPO steps", disable=not progress):
+        for step in tqdm(range(steps), desc="PPO steps") if progress else range(steps):
             episodes = collect_trainable(scheduler, row_iter, batch_size, step=step, log=log)
             queries, responses, scores, masks = ppo_batch(episodes)
             stats = trainer.step(queries, responses, scores, masks)
