@@ -31,7 +31,7 @@ QUICK_SETTINGS = replace(
     batch_size=2,
     mini_batch_size=1,
     ppo_epochs=1,
-    max_new_tokens=12,
+    max_new_tokens=8,
     max_turns=2,
     eval_tasks=2,
 )

@@ -1,0 +1,107 @@
+"""The main job's code path (`textenv demo --quick` on the tiny random model) and the training helpers."""
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from textenv import demo, training
+from textenv.tasks import calculator as task
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_demo_writes_the_curve_and_prints_the_accuracy_table(tmp_path, capsys):
+    result = demo.main(["--quick", "--model", "tiny", "--output-dir", str(tmp_path), "--show", "1", "--no-progress"])
+    out = capsys.readouterr().out
+
+    curve = tmp_path / "reward_curve.png"
+    assert curve.read_bytes()[:8] == PNG_MAGIC
+    assert result["reward_curve"] == str(curve)
+    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.steps
+    for mode in ("sampled (temperature 1)", "greedy"):
+        assert re.search(rf"^{re.escape(mode)}\s+\d+\.\d% ->\s+\d+\.\d%\s+\([+-]\d+\.\d points\)$", out, re.M), out
+    assert f"held-out accuracy on {demo.QUICK_SETTINGS.eval_tasks} tasks" in out
+    assert re.search(r"wall time: .* peak memory: \d+ MiB", out)
+    assert "Reward:" in out  # episodes were shown with show_text
+    for key in ("sampled_before", "sampled_after", "greedy_before", "greedy_after"):
+        assert 0.0 <= result[key] <= 1.0
+
+
+def test_small_env_var_selects_the_quick_settings(monkeypatch):
+    args = demo.build_parser().parse_args([])
+    monkeypatch.delenv(demo.SMALL_ENV_VAR, raising=False)
+    assert demo.demo_settings(args).steps == demo.DEMO_SETTINGS.steps
+    monkeypatch.setenv(demo.SMALL_ENV_VAR, "1")
+    assert demo.demo_settings(args) == demo.QUICK_SETTINGS
+    monkeypatch.setenv(demo.SMALL_ENV_VAR, "0")
+    assert demo.demo_settings(args) == demo.DEMO_SETTINGS
+
+
+def test_demo_evaluates_100_held_out_tasks():
+    assert demo.DEMO_SETTINGS.eval_tasks == 100
+    assert demo.DEMO_SETTINGS.threads == 2
+
+
+def test_training_tasks_never_repeat_held_out_tasks():
+    held_out, _ = task.generate_tasks(2000, seed=1234)  # about a quarter of all 7500 tasks
+    batches = training.training_task_batches(64, seed=0, exclude=held_out)
+    seen = set()
+    for _ in range(20):
+        queries, answers = next(batches)
+        assert len(queries) == len(answers) == 64
+        assert not set(queries) & set(held_out)
+        seen.update(queries)
+    assert len(seen) > 500  # really random, not one batch repeated
+
+
+def test_training_task_answers_match_the_questions():
+    queries, answers = next(training.training_task_batches(50, seed=3))
+    for query, answer in zip(queries, answers):
+        expression = re.search(r"What is (\d+[-+*]\d+)\?", query).group(1)
+        assert eval(expression) == answer  # noqa: S307 - digits and one operator, from the regex
+
+
+def test_training_task_batches_are_reproducible():
+    first = next(training.training_task_batches(8, seed=5))
+    again = next(training.training_task_batches(8, seed=5))
+    other = next(training.training_task_batches(8, seed=6))
+    assert first == again
+    assert first != other
+
+
+def test_evaluate_switches_decoding_and_restores_the_environment(tokenizer):
+    settings = replace(demo.QUICK_SETTINGS, model="tiny", max_new_tokens=4, max_turns=1)
+    model, _ = training.load_policy(settings)
+    env = training.build_environment(model, tokenizer, settings)
+    original = dict(env.generation_kwargs)
+    queries, answers = task.generate_tasks(2, seed=0)
+
+    seen = []
+    generate = env.generate
+
+    def spy(histories):
+        seen.append(dict(env.generation_kwargs))
+        return generate(histories)
+
+    env.generate = spy
+    greedy = training.evaluate(env, queries, answers, sample=False)
+    sampled = training.evaluate(env, queries, answers, sample=True)
+
+    assert seen[0]["do_sample"] is False and seen[-1]["do_sample"] is True
+    assert seen[-1]["top_k"] == 0 and seen[-1]["top_p"] == 1.0 and seen[-1]["temperature"] == 1.0
+    assert env.generation_kwargs == original
+    assert len(greedy.histories) == len(sampled.rewards) == 2
+    assert greedy.accuracy == sum(greedy.rewards) / 2
+
+
+def test_lora_config_adapts_only_the_top_layers():
+    config = training.lora_config(rank=8, layers=4, num_hidden_layers=30)
+    assert list(config.layers_to_transform) == [26, 27, 28, 29]
+    assert config.r == 8 and config.lora_alpha == 16
+    assert training.lora_config(rank=8, layers=0, num_hidden_layers=30).layers_to_transform is None
+
+
+@pytest.mark.parametrize("window, expected", [(1, [1.0, 0.0, 1.0]), (2, [1.0, 0.5, 0.5]), (3, [1.0, 0.5, 2 / 3])])
+def test_moving_average(window, expected):
+    assert training.moving_average([1.0, 0.0, 1.0], window) == pytest.approx(expected)
