@@ -212,3 +212,10 @@ def test_tool_env_unknown_tool_config_is_a_config_error(tokenizer):
     sched = GymScheduler(tokenizer=tokenizer, policy=ScriptedPolicy(tokenizer, lambda c: "x"), gym_env="tool_env")
     (episode,) = sched.run([{"query": "q", "env_config": {"tools": ["Nope"]}}])
     assert episode.error["stage"] == "config" and "Calculator" in episode.error["message"]
+
+
+def test_scheduler_reads_a_jsonl_path(tokenizer, tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"problem": "2+2?", "solution": "4"}) + "\n" + json.dumps({"problem": "1+1?", "solution": "3"}) + "\n")
+    sched = GymScheduler(tokenizer=tokenizer, policy=ScriptedPolicy(tokenizer, lambda c: "<answer>4</answer>"), gym_env="math_env", max_turns=1)
+    assert [e.total_reward for e in sched.run(path)] == [1.0, 0.0]

@@ -28,7 +28,7 @@ from textenv.gym.completions import CompletionsLog
 from textenv.gym.env import ContextManager, Env, RolloutInferRequest
 from textenv.gym.episode import FINISH_DONE, FINISH_ERROR, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
 from textenv.gym.registry import load_plugins, resolve_context_manager, resolve_env
-from textenv.gym.rows import make_request
+from textenv.gym.rows import load_rows, make_request
 from textenv.gym.transcript import Transcript, check_loss_scale
 from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
 from textenv.rollout.engine import Completion, RolloutEngine
@@ -180,7 +180,8 @@ class GymScheduler:
         """Run the episodes of `rows` concurrently.
 
         Args:
-            rows: dataset rows (dicts); read lazily, at most `max_concurrency` episodes alive at once.
+            rows: dataset rows (dicts, read lazily: at most `max_concurrency` episodes are alive at once),
+                a `datasets.Dataset`, or the path of a `.jsonl` file.
             step (`int`): the training step, written to `completions.jsonl`.
             num_generations (`int`): episodes per row (each with its own env and trajectory id).
             completions_path: a `completions.jsonl` path (appended to) or an open `CompletionsLog`.
@@ -194,6 +195,8 @@ class GymScheduler:
         from tqdm import tqdm
 
         _check_positive("num_generations", num_generations)
+        if isinstance(rows, (str, Path)):
+            rows = load_rows(rows)
         self.stats = RunStats()
         log, own_log = _open_log(completions_path)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textenv-gym-generate")
