@@ -1,0 +1,169 @@
+"""The example scripts: `--help` for every script in examples/, a tiny end-to-end run of the trivia and
+Python-interpreter examples (rollout -> PPO step -> tensorboard -> summary), and the consistency of their
+tasks (prompts, shipped data, rewards)."""
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from textenv.tasks import triviaqa, word_problems
+from textenv.tools import PythonInterpreter, WikiSearch
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+SCRIPTS = sorted(path for path in EXAMPLES_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
+CORPUS = EXAMPLES_DIR / "data" / "fictional_wiki.jsonl"
+QUESTIONS = EXAMPLES_DIR / "data" / "fictional_wiki_questions.jsonl"
+TINY_RUN = ["--model", "tiny", "--steps", "1", "--batch-size", "2", "--max-new-tokens", "8", "--eval-tasks", "1",
+            "--threads", "0", "--no-progress"]
+
+
+def run_script(path: Path, argv: list[str], monkeypatch) -> None:
+    """Run `path` as `python path *argv` would, in this process (the imports are shared, which keeps the
+    test fast)."""
+    monkeypatch.setattr(sys, "argv", [str(path), *argv])
+    monkeypatch.syspath_prepend(str(path.parent))
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def example_main(name: str):
+    return runpy.run_path(str(EXAMPLES_DIR / f"{name}.py"))["main"]
+
+
+# ------------------------------------------------------------------------------------------------ --help
+def test_the_scripts_are_found():
+    assert {"triviaqa.py", "python_interpreter.py"} <= {path.name for path in SCRIPTS}
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda path: path.name)
+def test_help(path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(path, ["--help"], monkeypatch)
+    assert exit_info.value.code in (0, None)
+    assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["triviaqa", "python_interpreter"])
+def test_help_lists_the_run_options(name, monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        run_script(EXAMPLES_DIR / f"{name}.py", ["--help"], monkeypatch)
+    usage = capsys.readouterr().out
+    for option in ["--model", "--steps", "--batch-size", "--lora", "--no-lora", "--device", "--log-dir", "--max-new-tokens"]:
+        assert option in usage
+
+
+# ------------------------------------------------------------------------------------------------ tiny runs
+def tensorboard_scalars(log_dir: Path) -> dict[str, list]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = {}
+    for event_file in log_dir.glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(event_file))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars[tag] = accumulator.Scalars(tag)
+    return scalars
+
+
+@pytest.mark.parametrize("name", ["triviaqa", "python_interpreter"])
+def test_tiny_run_trains_logs_and_summarises(name, tmp_path, capsys):
+    summary = example_main(name)([*TINY_RUN, "--log-dir", str(tmp_path / "runs"), "--save-dir", str(tmp_path / "model")])
+
+    printed = capsys.readouterr().out
+    assert f"=== {name} PPO summary ===" in printed
+    assert re.search(r"mean reward: first 1 step\(s\) \d\.\d{3}, last 1 step\(s\) \d\.\d{3}; final KL", printed)
+    assert re.search(r"held-out accuracy \(greedy, 1 ", printed)
+    assert re.search(r"wall time: \d+\.\d s", printed)
+    assert summary["steps"] == 1 and 0.0 <= summary["first_reward"] <= 1.0 and summary["seconds"] > 0
+
+    scalars = tensorboard_scalars(tmp_path / "runs" / name)
+    assert len(scalars["env/reward_mean"]) == 1  # one PPO step, one logged point
+    assert scalars["env/reward_mean"][0].value == pytest.approx(summary["last_reward"])
+    assert "objective/kl" in scalars and "ppo/loss/total" in scalars
+
+    assert (tmp_path / "model" / "adapter_config.json").is_file()  # LoRA is on by default
+    assert (tmp_path / "model" / "value_head.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ trivia task
+@pytest.fixture(scope="module")
+def wiki():
+    return WikiSearch(CORPUS)
+
+
+def test_trivia_prompt_shows_what_the_wiki_tool_returns(wiki):
+    for search, title in triviaqa.PROMPT_SEARCHES.items():
+        passage = wiki(search)
+        assert passage.startswith(title + "\n")
+        assert f"<request><Wiki>{search}<call>{passage}<response>" in triviaqa.PROMPT
+
+
+def test_every_shipped_question_is_answered_by_its_article(wiki):
+    questions = triviaqa.load_questions(QUESTIONS)
+    assert len(questions) >= 40
+    for record in questions:
+        passage = wiki(record["question"])
+        assert passage.split("\n")[0] == record["title"], record["question"]
+        assert record["answers"][0].lower() in passage.lower(), record["question"]
+
+
+def test_trivia_questions_exclude_the_prompt_and_split_into_disjoint_sets():
+    questions = triviaqa.load_questions(QUESTIONS)
+    asked = {record["question"] for record in questions}
+    assert not asked & set(triviaqa.PROMPT_QUESTIONS)
+    training, held_out = triviaqa.split_questions(questions)
+    assert len(held_out) >= 8
+    assert {r["question"] for r in training}.isdisjoint({r["question"] for r in held_out})
+    assert len(training) + len(held_out) == len(questions)
+
+
+@pytest.mark.parametrize(
+    "text, accepted, reward",
+    [
+        ("\nResult=Caldmere<submit>", ["Caldmere"], 1.0),
+        ("\nResult = The Grey Heron. <submit>", ["Grey Heron"], 1.0),  # case, article, punctuation
+        ("Result=5,812 m<submit>", ["5,812 metres", "5812"], 1.0),
+        ("Result=It is Quendar, on the Quen River<submit>", ["Quendar"], 1.0),
+        ("Result=Caldmeres<submit>", ["Caldmere"], 0.0),  # whole words only
+        ("Result=Ilse Marrow<submit>", ["Caldmere"], 0.0),
+        ("Lake Imbrel\nLake Imbrel is a freshwater lake in the province of Caldmere.", ["Caldmere"], 0.0),  # no answer submitted
+        ("Result=Lake Imbrel is a freshwater lake in the province of Caldmere and deep<submit>", ["Caldmere"], 0.0),  # copied passage
+        ("Result=<submit>", ["Caldmere"], 0.0),
+    ],
+)
+def test_trivia_reward(text, accepted, reward):
+    assert triviaqa.answer_match_reward([text], [accepted]) == [reward]
+
+
+# ------------------------------------------------------------------------------------------------ word problems
+def test_word_problem_prompt_code_prints_the_answer_it_shows():
+    example = word_problems.PROMPT.split("<|im_start|>assistant\n")[1]
+    code = example.split("<request><PythonInterpreter>")[1].split("<call>")[0]
+    shown = example.split("<call>")[1].split("<response>")[0]
+    assert PythonInterpreter()(code) == shown == "8\n"
+    assert "Result = 8 <submit>" in example
+
+
+def test_word_problems_are_reproducible_and_well_formed():
+    queries, answers = word_problems.generate_tasks(60, seed=7)
+    assert (queries, answers) == word_problems.generate_tasks(60, seed=7)
+    assert queries != word_problems.generate_tasks(60, seed=8)[0]
+    assert all(query.endswith("?<|im_end|>\n<|im_start|>assistant\n") for query in queries)
+    assert all(answer >= 0 for answer in answers)
+    assert len({query.split()[0] for query in queries}) >= 4  # several templates are used
+
+
+@pytest.mark.parametrize(
+    "text, reward",
+    [
+        ("\nResult = 42 <submit>", 1.0),
+        ("Result=42.05<submit>", 1.0),
+        ("Result = 42.2 <submit>", 0.0),
+        ("Result = 42", 0.0),
+        ("42\n<response>", 0.0),
+    ],
+)
+def test_word_problem_reward_tolerance(text, reward):
+    assert word_problems.answer_match_reward([text], [42.0]) == [reward]
