@@ -35,6 +35,7 @@ EVAL_SEED = 1234  # the held-out problems; training batches are drawn from other
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command-line options; the defaults make a CPU-sized run of the bundled model."""
     defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=80, max_turns=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> training.Settings:
+    """The shared training loop's settings for these options."""
     return training.Settings(
         model=args.model,
         device=args.device,
@@ -129,6 +131,15 @@ def task_batches(batch_size: int, seed: int, exclude: set[str]) -> Iterator[tupl
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Train, evaluate on held-out tasks and print a summary.
+
+    Args:
+        argv: command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The summary: `steps`, mean reward over the first and last steps, final KL, held-out accuracy (when
+        evaluated) and wall time in seconds.
+    """
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     started = time.perf_counter()
@@ -170,6 +181,7 @@ def summarise(logs: list[training.StepLog]) -> dict:
 
 
 def print_summary(summary: dict, args: argparse.Namespace) -> None:
+    """Print the run's summary (what the smoke tests check)."""
     print("\n=== python_interpreter PPO summary ===")
     print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
     print(

@@ -36,6 +36,7 @@ MAX_TOOL_RESPONSE = 400  # characters, as in the legacy example
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command-line options; the defaults make a CPU-sized run of the bundled model."""
     defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> training.Settings:
+    """The shared training loop's settings for these options."""
     return training.Settings(
         model=args.model,
         device=args.device,
@@ -136,6 +138,15 @@ def evaluate_held_out(env: TextEnvironment, held_out: list[dict], count: int, se
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Train, evaluate on held-out tasks and print a summary.
+
+    Args:
+        argv: command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The summary: `steps`, mean reward over the first and last steps, final KL, held-out accuracy (when
+        evaluated) and wall time in seconds.
+    """
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     started = time.perf_counter()
@@ -177,6 +188,7 @@ def summarise(logs: list[training.StepLog]) -> dict:
 
 
 def print_summary(summary: dict, args: argparse.Namespace) -> None:
+    """Print the run's summary (what the smoke tests check)."""
     print("\n=== triviaqa PPO summary ===")
     print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
     print(
