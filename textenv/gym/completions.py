@@ -17,8 +17,9 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 
 
 class CompletionsLog:
-    """Append-only JSONL writer; each line is flushed (and optionally fsynced) before `write` returns, so a
-    crash loses at most the line being written.
+    """Append-only JSONL writer. Each line reaches the file in one `write` system call on an `O_APPEND`
+    descriptor before `write` returns (optionally fsynced), so a crash, even `kill -9`, leaves only whole
+    lines behind and loses at most the line being written.
 
     Args:
         path (`str` or `Path`): the file; parent folders are created; an existing file is appended to.
@@ -31,23 +32,27 @@ class CompletionsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: Dict[str, Any]) -> None:
         """Append one record as a JSON line."""
-        line = json.dumps(record, ensure_ascii=False, default=repr)
-        self._file.write(line + "\n")
-        self._file.flush()
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the completions log is closed.")
+        line = (json.dumps(record, ensure_ascii=False, default=repr) + "\n").encode("utf-8")
+        written = os.write(self._fd, line)
+        while written < len(line):  # only on a full disk or an interrupted write; finish the line
+            written += os.write(self._fd, line[written:])
         if self.fsync:
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        return self._fd is None
 
     def __enter__(self) -> "CompletionsLog":
         return self
