@@ -105,3 +105,55 @@ def test_lora_config_adapts_only_the_top_layers():
 @pytest.mark.parametrize("window, expected", [(1, [1.0, 0.0, 1.0]), (2, [1.0, 0.5, 0.5]), (3, [1.0, 0.5, 2 / 3])])
 def test_moving_average(window, expected):
     assert training.moving_average([1.0, 0.0, 1.0], window) == pytest.approx(expected)
+
+
+class _StubModel:
+    def eval(self):
+        return self
+
+
+class _StubEnv:
+    """Plays every episode as one prompt token and one response token with reward 1."""
+
+    model = _StubModel()
+
+    def run(self, queries, answers):
+        import torch
+
+        from textenv.environment import TextHistory
+
+        histories = [TextHistory(query, torch.tensor([1])) for query in queries]
+        ones = [torch.tensor([1]) for _ in queries]
+        return ones, ones, ones, [1.0] * len(queries), histories
+
+
+class _StubTrainer:
+    def __init__(self):
+        self.steps = 0
+        self.logged = []
+
+    def step(self, queries, responses, scores, masks):
+        self.steps += 1
+        return {"objective/kl": 0.5, "objective/kl_coef": 0.1}
+
+    def log_stats(self, stats, batch, rewards):
+        self.logged.append((stats, batch["query"], [float(r) for r in rewards]))
+
+
+def test_train_runs_every_step_without_a_deadline():
+    trainer = _StubTrainer()
+    logs = training.train(trainer, _StubEnv(), training.training_task_batches(3, seed=0), steps=4, progress=False)
+    assert [log.step for log in logs] == [0, 1, 2, 3]
+    assert trainer.steps == 4 and len(trainer.logged) == 4
+    assert all(log.reward_mean == 1.0 and log.kl == 0.5 for log in logs)
+    assert trainer.logged[0][2] == [1.0, 1.0, 1.0]
+
+
+def test_train_stops_at_the_deadline_after_at_least_one_step():
+    import time
+
+    trainer = _StubTrainer()
+    logs = training.train(
+        trainer, _StubEnv(), training.training_task_batches(3, seed=0), steps=4, progress=False, deadline=time.perf_counter()
+    )
+    assert len(logs) == 1 and trainer.steps == 1

@@ -10,6 +10,9 @@ by calling the calculator tool (TextEnvironment + PPOTrainer.step, exact-match r
 4. measures and shows again, prints a before/after table, the wall time and the peak memory, and saves
    the reward curve to `outputs/demo/reward_curve.png`.
 
+Training runs a fixed number of steps, but stops early when the next step would not leave time for the final
+evaluation within `--budget-minutes` (20 by default): on a busy machine the demo trains less.
+
 `--quick` (or `TEXTENV_SMALL=1`) runs a tiny version for smoke tests.
 """
 
@@ -46,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="bundled", help="'bundled' (default), 'tiny' (random weights, for tests) or a folder / hub id")
     parser.add_argument("--output-dir", default="outputs/demo", help="where the reward curve goes (default: %(default)s)")
     parser.add_argument("--show", type=int, default=2, help="held-out episodes shown before and after training (default: %(default)s)")
+    parser.add_argument(
+        "--budget-minutes", type=float, default=20.0,
+        help="stop training early so that the whole demo, final evaluation included, fits in this many minutes "
+        "(0 = no limit; default: %(default)s)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -73,13 +81,13 @@ def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> No
         print()
 
 
-def print_summary(before: dict, after: dict, settings: training.Settings, seconds: float, curve: Path) -> None:
+def print_summary(before: dict, after: dict, settings: training.Settings, steps_run: int, seconds: float, curve: Path) -> None:
     print(f"\n=== Calculator agent: held-out accuracy on {settings.eval_tasks} tasks, before -> after PPO ===")
     for mode, name in (("sampled", "sampled (temperature 1)"), ("greedy", "greedy")):
         change = 100 * (after[mode].accuracy - before[mode].accuracy)
         print(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
     print(
-        f"training: {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
+        f"training: {steps_run} of {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
         f"init_kl_coef {settings.init_kl_coef}"
     )
@@ -102,7 +110,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     before = measure(env, eval_queries, eval_answers, "before")
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
-    logs = training.train(ppo_trainer, env, task_batches, settings.steps, progress=not args.no_progress)
+    deadline = None
+    if args.budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
+        evaluation_seconds = sum(evaluation.seconds for evaluation in before.values())
+        deadline = started + 60 * args.budget_minutes - evaluation_seconds
+    logs = training.train(ppo_trainer, env, task_batches, settings.steps, progress=not args.no_progress, deadline=deadline)
     after = measure(env, eval_queries, eval_answers, "after")
     show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         held_out={"held-out sampled, before": before["sampled"].accuracy, "held-out sampled, after": after["sampled"].accuracy},
     )
     seconds = time.perf_counter() - started
-    print_summary(before, after, settings, seconds, curve)
+    print_summary(before, after, settings, len(logs), seconds, curve)
     return {
         "sampled_before": before["sampled"].accuracy,
         "sampled_after": after["sampled"].accuracy,

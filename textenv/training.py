@@ -276,17 +276,28 @@ def train(
     steps: int,
     progress: bool = True,
     on_step: Callable[[StepLog], None] | None = None,
+    deadline: float | None = None,
 ) -> list[StepLog]:
     """Run `steps` PPO iterations on batches from `task_batches`, with a tqdm progress bar.
 
+    Args:
+        deadline: a `time.perf_counter()` value; no step is started that would, at the mean speed of the
+            steps so far, end after it. `None`: always run all `steps`.
+
     Returns:
-        One `StepLog` per step.
+        One `StepLog` per step that ran.
     """
     from tqdm.auto import tqdm
 
     logs = []
     bar = tqdm(range(steps), desc="PPO", unit="step", disable=not progress)
+    started = time.perf_counter()
     for step in bar:
+        if deadline is not None and logs:
+            mean_step_seconds = (time.perf_counter() - started) / len(logs)
+            if time.perf_counter() + mean_step_seconds > deadline:
+                bar.write(f"time budget reached: stopping after {len(logs)} of {steps} steps")
+                break
         queries, answers = next(task_batches)
         log = train_step(ppo_trainer, env, queries, answers, step)
         logs.append(log)
