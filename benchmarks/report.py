@@ -1,0 +1,183 @@
+"""Turn the sides' JSON measurements into medians, ratios, token-equality checks and Markdown tables."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+EOS_TOKEN_ID = 2  # <|im_end|> of the bundled SmolLM2 tokenizer
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+# ------------------------------------------------------------------------------ main summary table
+def summary_row(name: str, legacy: list[dict], textenv: list[dict], run_index: int | None = 0) -> list[Any]:
+    """One table row: median time, tokens/s and peak RSS of each side, and textenv's ratios."""
+
+    def seconds(result: dict) -> float:
+        return result["runs"][run_index]["seconds"] if run_index is not None else result["seconds"]
+
+    def tokens(result: dict) -> int:
+        return result["runs"][run_index]["generated_tokens"] if run_index is not None else result["generated_tokens"]
+
+    def cpu_seconds(result: dict) -> float:
+        return result["runs"][run_index]["seconds_cpu"] if run_index is not None else result["seconds_cpu"]
+
+    legacy_time, textenv_time = median([seconds(r) for r in legacy]), median([seconds(r) for r in textenv])
+    legacy_cpu, textenv_cpu = median([cpu_seconds(r) for r in legacy]), median([cpu_seconds(r) for r in textenv])
+    legacy_tps = median([tokens(r) / seconds(r) for r in legacy])
+    textenv_tps = median([tokens(r) / seconds(r) for r in textenv])
+    legacy_rss, textenv_rss = median([r["peak_rss_mb"] for r in legacy]), median([r["peak_rss_mb"] for r in textenv])
+    return [
+        name,
+        legacy_time,
+        textenv_time,
+        f"**{ratio(legacy_time, textenv_time):.2f}x**",
+        legacy_cpu,
+        textenv_cpu,
+        f"{ratio(legacy_cpu, textenv_cpu):.2f}x",
+        legacy_tps,
+        textenv_tps,
+        f"{ratio(textenv_tps, legacy_tps):.2f}x",
+        legacy_rss,
+        textenv_rss,
+        f"{ratio(textenv_rss, legacy_rss):.2f}x",
+    ]
+
+
+SUMMARY_HEADER = [
+    "workload",
+    "legacy s",
+    "textenv s",
+    "speed-up",
+    "legacy CPU s",
+    "textenv CPU s",
+    "CPU speed-up",
+    "legacy tok/s",
+    "textenv tok/s",
+    "tok/s ratio",
+    "legacy peak RSS MiB",
+    "textenv peak RSS MiB",
+    "memory ratio",
+]
+
+
+# ------------------------------------------------------------------------------ turns
+def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[int]) -> str:
+    """Cost of max_turns k, read as the elapsed time at the end of turn k of one greedy max_turns run
+    (greedy decoding makes a max_turns=k run identical to the first k turns of a longer one)."""
+    rows = []
+    for k in max_turns_list:
+        legacy_cum = median([_elapsed_after(r, k) for r in legacy])
+        textenv_cum = median([_elapsed_after(r, k) for r in textenv])
+        legacy_turn = median([_turn_ms_per_episode(r, k) for r in legacy])
+        textenv_turn = median([_turn_ms_per_episode(r, k) for r in textenv])
+        active = _active_episodes(legacy[0], k)
+        rows.append([k, active, legacy_cum, textenv_cum, f"**{ratio(legacy_cum, textenv_cum):.2f}x**", legacy_turn, textenv_turn])
+    header = ["max_turns k", "episodes in turn k", "legacy s (turns 1..k)", "textenv s (turns 1..k)", "speed-up", "legacy ms/episode in turn k", "textenv ms/episode in turn k"]
+    return markdown_table(header, rows)
+
+
+def _turns(result: dict) -> list[dict]:
+    return result["runs"][0]["turns"]
+
+
+def _elapsed_after(result: dict, k: int) -> float:
+    turns = _turns(result)
+    return turns[min(k, len(turns)) - 1]["elapsed"]
+
+
+def _turn_ms_per_episode(result: dict, k: int) -> float:
+    turns = _turns(result)
+    if k > len(turns):
+        return float("nan")
+    return 1000 * turns[k - 1]["seconds"] / turns[k - 1]["episodes"]
+
+
+def _active_episodes(result: dict, k: int) -> int:
+    turns = _turns(result)
+    return turns[k - 1]["episodes"] if k <= len(turns) else 0
+
+
+# ------------------------------------------------------------------------------ token equality
+def compare_episodes(legacy_run: dict, textenv_run: dict) -> dict[str, Any]:
+    """Count episodes whose every segment's token ids are equal, and explain the others."""
+    identical, explained, diverged = 0, 0, []
+    for index, (legacy_episode, textenv_episode) in enumerate(zip(legacy_run["episodes"], textenv_run["episodes"])):
+        if legacy_episode["segments"] == textenv_episode["segments"]:
+            identical += 1
+        elif _differs_only_after_eos(legacy_episode, textenv_episode):
+            explained += 1
+        else:
+            diverged.append(_first_difference(index, legacy_episode, textenv_episode))
+    return {"episodes": len(legacy_run["episodes"]), "identical": identical, "eos_fix": explained, "diverged": diverged}
+
+
+def _differs_only_after_eos(legacy_episode: dict, textenv_episode: dict) -> bool:
+    """Legacy keeps generating after EOS (it never stops on it); textenv ends the turn at EOS."""
+    for legacy_segment, textenv_segment in zip(legacy_episode["segments"], textenv_episode["segments"]):
+        if legacy_segment == textenv_segment:
+            continue
+        ids = textenv_segment["ids"]
+        return bool(ids) and ids[-1] == EOS_TOKEN_ID and legacy_segment["ids"][: len(ids)] == ids
+    return False
+
+
+def _first_difference(index: int, legacy_episode: dict, textenv_episode: dict) -> dict[str, Any]:
+    for turn, (legacy_segment, textenv_segment) in enumerate(zip(legacy_episode["segments"], textenv_episode["segments"])):
+        if legacy_segment != textenv_segment:
+            position = next(
+                (i for i, (a, b) in enumerate(zip(legacy_segment["ids"], textenv_segment["ids"])) if a != b),
+                min(len(legacy_segment["ids"]), len(textenv_segment["ids"])),
+            )
+            return {"episode": index, "segment": turn, "token": position}
+    return {"episode": index, "segment": len(legacy_episode["segments"]), "token": 0}
+
+
+def equality_line(name: str, comparison: dict[str, Any]) -> str:
+    text = f"{name}: {comparison['identical']}/{comparison['episodes']} episodes token-identical"
+    if comparison["eos_fix"]:
+        text += f", {comparison['eos_fix']} differ only after an EOS (legacy ignores EOS; textenv ends the turn there)"
+    if comparison["diverged"]:
+        first = comparison["diverged"][0]
+        text += (
+            f", {len(comparison['diverged'])} diverge (first: episode {first['episode']}, segment "
+            f"{first['segment']}, token {first['token']})"
+        )
+    return text
+
+
+# ------------------------------------------------------------------------------ PPO stats
+def compare_stats(legacy_stats: dict[str, Any], textenv_stats: dict[str, Any]) -> dict[str, Any]:
+    """Max abs difference over the stats both sides report (timings excluded), and the worst keys."""
+    differences, missing = {}, sorted(set(legacy_stats) - set(textenv_stats))
+    for key, legacy_value in legacy_stats.items():
+        if key.startswith("time/") or key not in textenv_stats:
+            continue
+        legacy_values = legacy_value if isinstance(legacy_value, list) else [legacy_value]
+        textenv_value = textenv_stats[key]
+        textenv_values = textenv_value if isinstance(textenv_value, list) else [textenv_value]
+        if len(legacy_values) != len(textenv_values):
+            differences[key] = float("inf")
+            continue
+        differences[key] = max((abs(a - b) for a, b in zip(legacy_values, textenv_values)), default=0.0)
+    worst = sorted(differences.items(), key=lambda item: -item[1])[:5]
+    return {"max_abs_diff": max(differences.values(), default=float("nan")), "worst": worst, "missing": missing, "compared": len(differences)}

@@ -1,0 +1,122 @@
+"""The textenv side of the benchmark: `textenv.TextEnvironment` and `textenv.PPOTrainer.step` on the
+main venv (torch 2.13, transformers 5). Prints one JSON line. Also makes the fixed PPO batch that both
+sides train on (`--workload make-ppo-batch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+
+import workload
+
+warnings.filterwarnings("ignore")
+
+
+def load_model(model_path: str):
+    from transformers import AutoModelForCausalLM
+
+    from textenv.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def warm_up(model, tokenizer) -> None:
+    ids = tokenizer("What is 1+1?", return_tensors="pt").input_ids
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=tokenizer.eos_token_id)
+
+
+def make_environment(model, tokenizer, inputs: dict, max_turns: int):
+    from textenv import TextEnvironment
+
+    return TextEnvironment(
+        model,
+        tokenizer,
+        {workload.TOOL_NAME: workload.simple_calculator},
+        workload.exact_match_reward,
+        inputs["prompt"],
+        max_turns=max_turns,
+        generation_kwargs=workload.greedy_generation_kwargs(inputs["max_new_tokens"], tokenizer.eos_token_id),
+    )
+
+
+def run_rollout(inputs: dict, max_turns_list: list[int]) -> dict:
+    model, tokenizer = load_model(inputs["model_path"])
+    warm_up(model, tokenizer)
+    runs = []
+    for max_turns in max_turns_list:
+        env = make_environment(model, tokenizer, inputs, max_turns)
+        runs.append(workload.timed_run(env, inputs))
+    return {"runs": runs, "peak_rss_mb": workload.peak_rss_mb()}
+
+
+def make_ppo_batch(inputs: dict) -> dict:
+    """Roll out the PPO batch once with textenv (greedy, max_turns 4) and save it with a seeded
+    value-head init, so both sides train on the same episodes from the same weights."""
+    model, tokenizer = load_model(inputs["model_path"])
+    env = make_environment(model, tokenizer, inputs, max_turns=4)
+    queries, responses, masks, rewards, _ = env.run(inputs["queries"], answers=inputs["answers"])
+    batch = {
+        "queries": [q.tolist() for q in queries],
+        "responses": [r.tolist() for r in responses],
+        "masks": [m.tolist() for m in masks],
+        # Exact-match rewards are mostly 0 for a 135M model; a seeded spread keeps the advantages non-trivial.
+        "scores": [float(reward) + 0.25 * ((index * 7) % 5 - 2) for index, reward in enumerate(rewards)],
+    }
+    with open(inputs["batch_path"], "w") as file:
+        import json
+
+        json.dump(batch, file)
+    torch.manual_seed(0)
+    value_head = torch.nn.Linear(model.config.hidden_size, 1)
+    torch.save({"summary.weight": value_head.weight.data, "summary.bias": value_head.bias.data}, inputs["value_head_path"])
+    return {"episodes": len(batch["queries"]), "response_lengths": [len(r) for r in batch["responses"]]}
+
+
+def run_ppo_step(inputs: dict) -> dict:
+    from textenv import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+    from textenv.models import load_tokenizer
+
+    batch = workload.read_json(inputs["batch_path"])
+    tokenizer = load_tokenizer(inputs["model_path"])
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(inputs["model_path"], summary_dropout_prob=0.0)
+    model.v_head.load_state_dict(torch.load(inputs["value_head_path"]))
+    config = PPOConfig(batch_size=len(batch["queries"]), mini_batch_size=inputs["mini_batch_size"], seed=0)
+    trainer = PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
+    queries, responses, scores, masks = workload.ppo_batch_tensors(batch)
+    result: dict = {"rss_before_step_mb": workload.current_rss_mb()}
+    with workload.stopwatch(result, "seconds"):
+        stats = trainer.step(queries, responses, scores, response_masks=masks)
+    result["stats"] = workload.jsonable_stats(stats)
+    result["generated_tokens"] = int(sum(int(mask.sum()) for mask in masks))
+    result["peak_rss_mb"] = workload.peak_rss_mb()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workload", required=True, choices=["rollout", "ppo-step", "make-ppo-batch"])
+    parser.add_argument("--inputs", required=True, help="JSON file written by run.py")
+    parser.add_argument("--max-turns", type=int, nargs="+", default=[4])
+    args = parser.parse_args()
+    torch.set_num_threads(workload.NUM_THREADS)
+    inputs = workload.read_json(args.inputs)
+    if args.workload == "rollout":
+        result = run_rollout(inputs, args.max_turns)
+    elif args.workload == "ppo-step":
+        result = run_ppo_step(inputs)
+    else:
+        result = make_ppo_batch(inputs)
+    import transformers
+
+    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    workload.emit(result)
+
+
+if __name__ == "__main__":
+    main()
