@@ -109,10 +109,12 @@ def test_every_shipped_question_is_answered_by_its_article(wiki):
         assert record["answers"][0].lower() in passage.lower(), record["question"]
 
 
-def test_trivia_questions_exclude_the_prompt_and_split_into_disjoint_sets():
+def test_trivia_questions_leave_out_the_prompt_articles_and_split_into_disjoint_sets():
     questions = triviaqa.load_questions(QUESTIONS)
     asked = {record["question"] for record in questions}
     assert not asked & set(triviaqa.PROMPT_QUESTIONS)
+    assert {"Mount Kessarine", "Lake Imbrel"}.isdisjoint(record["title"] for record in questions)
+    assert "How deep is Lake Imbrel?" in QUESTIONS.read_text()  # in the file, but answered by the prompt
     training, held_out = triviaqa.split_questions(questions)
     assert len(held_out) >= 8
     assert {r["question"] for r in training}.isdisjoint({r["question"] for r in held_out})

@@ -55,10 +55,11 @@ def format_query(question: str) -> str:
 
 def load_questions(path: str | os.PathLike) -> list[dict]:
     """Read the question file: one `{"question": str, "answers": [str, ...], "title": str}` per line.
-    The questions answered in `PROMPT` are left out."""
+    Questions about the articles `PROMPT` shows are left out: the prompt itself would answer them."""
     with open(path, encoding="utf-8") as lines:
         records = [json.loads(line) for line in lines if line.strip()]
-    return [record for record in records if record["question"] not in PROMPT_QUESTIONS]
+    shown_articles = set(PROMPT_SEARCHES.values())
+    return [record for record in records if record["title"] not in shown_articles]
 
 
 def split_questions(questions: Sequence[dict], held_out_every: int = 5) -> tuple[list[dict], list[dict]]:
