@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=1, help="steps to time (each reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch default")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-share-prefix", action="store_true", help="compute every row in full (as legacy TRL)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided")
         trainer = PPOTrainer(config, model, tokenizer=tokenizer)
+    trainer.share_prompt_prefix = not args.no_share_prefix
     queries, responses, scores, masks = make_episodes(tokenizer, args.batch_size, seed=0)
     rss_before = psutil.Process().memory_info().rss
     results = {
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         "query_tokens_mean": sum(len(q) for q in queries) / len(queries),
         "response_tokens_mean": sum(len(r) for r in responses) / len(responses),
         "torch_threads": torch.get_num_threads(), "device": str(trainer.current_device),
+        "share_prompt_prefix": trainer.share_prompt_prefix,
         "rss_before_step_mb": rss_before / 2**20, "steps": [],
     }
     for _ in range(args.steps):
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["ru_maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"PPO step: batch {args.batch_size}, mini-batch {args.mini_batch_size}, {args.ppo_epochs} epochs, "
           f"query ~{results['query_tokens_mean']:.0f} tokens, response ~{results['response_tokens_mean']:.0f} tokens, "
-          f"{results['device']}, {results['torch_threads']} threads")
+          f"{results['device']}, {results['torch_threads']} threads, shared prompt prefix: {trainer.share_prompt_prefix}")
     for index, step in enumerate(results["steps"]):
         print(f"step {index + 1}: {step['seconds']:.2f} s (forward {step['forward_pass_s']:.2f} s, optimise "
               f"{step['optimize_step_s']:.2f} s), peak RSS {step['peak_rss_mb']:.0f} MiB "

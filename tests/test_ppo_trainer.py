@@ -37,8 +37,9 @@ def tiny_lm(seed=0):
 
 
 def make_model(seed=0):
-    torch.manual_seed(seed)
-    return AutoModelForCausalLMWithValueHead(tiny_lm(seed))
+    base = tiny_lm(seed)
+    torch.manual_seed(seed)  # after tiny_lm: the value head's initialisation must not depend on the cache
+    return AutoModelForCausalLMWithValueHead(base)
 
 
 def make_trainer(model=None, tokenizer=None, **config_kwargs):
@@ -501,3 +502,31 @@ def test_save_pretrained_round_trip(tmp_path, tokenizer):
     trained = trainer.accelerator.unwrap_model(trainer.model)
     torch.testing.assert_close(loaded.v_head.summary.weight, trained.v_head.summary.weight)
     torch.testing.assert_close(flat_weights(loaded), flat_weights(trained))
+
+
+def test_shared_prompt_prefix_gives_the_same_step():
+    """Rows sharing a prompt run it once through a shared KV cache: same stats and weights as computing every
+    row in full (legacy), to float tolerance."""
+    prompt = torch.arange(100, 130)
+    queries = [torch.cat([prompt, torch.tensor([7, 8])]), torch.cat([prompt, torch.tensor([9, 10, 11])]), torch.cat([prompt, torch.tensor([12])])]
+    responses = [torch.arange(200, 206), torch.arange(300, 303), torch.arange(400, 410)]
+    scores = [torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.5)]
+    masks = [torch.tensor([1, 1, 0, 0, 1, 1]), torch.ones(3), torch.tensor([1] * 4 + [0] * 3 + [1] * 3)]
+    results = []
+    for share in (False, True):
+        trainer = make_trainer(batch_size=3, mini_batch_size=3, ppo_epochs=2, learning_rate=1e-3)
+        trainer.share_prompt_prefix = share
+        packed = trainer.prepare_model_inputs(queries, responses, masks)
+        assert trainer._shared_prefix_len(packed, int(packed.starts.min())) == 30
+        calls = []
+        body = trainer.model.pretrained_model.model
+        handle = body.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+        stats = trainer.step(queries, responses, scores, masks)
+        handle.remove()
+        results.append((stats, flat_weights(trainer.model), calls))
+    (full, full_weights, full_calls), (shared, shared_weights, shared_calls) = results
+    assert all(shape[0] == 3 for shape in full_calls)
+    assert (1, 30) in shared_calls  # the prompt ran once, for a single row
+    for key in ("ppo/loss/total", "ppo/loss/value", "ppo/loss/policy", "objective/entropy", "ppo/val/vpred", "ppo/policy/entropy"):
+        assert shared[key] == pytest.approx(full[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(shared_weights, full_weights, rtol=1e-4, atol=1e-4)

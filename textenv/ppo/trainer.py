@@ -26,6 +26,7 @@ from textenv.ppo.inputs import check_step_inputs
 from textenv.ppo.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
 
 WANDB_PADDING = -1
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second call into the model
 
 
 def empty_device_cache() -> None:
@@ -139,6 +140,9 @@ class PPOTrainer:
                 stacklevel=2,
             )
         self.training_data_collator = training_data_collator
+        # Run a prompt prefix common to all rows of a mini-batch once (through a shared KV cache). Same math;
+        # set to False to compute every row in full, as legacy TRL did.
+        self.share_prompt_prefix = True
 
         if optimizer is None:
             optimizer = torch.optim.Adam(
@@ -414,13 +418,29 @@ class PPOTrainer:
         w0, w1 = int(batch.starts.min()), int(batch.ends.max())
         input_ids = batch.input_ids[:, col0:col1]
         attention_mask = batch.attention_mask[:, col0:col1]
+        prefix_len = self._shared_prefix_len(batch, w0) if self.share_prompt_prefix else 0
+        extra = {"shared_prefix_len": prefix_len} if prefix_len else {}
         with self.accelerator.autocast():
             logits, _, values = model(
-                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(w0 - col0, w1 - col0)
+                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(w0 - col0, w1 - col0), **extra
             )
         num_positions = batch.num_positions
         values = F.pad(values.float(), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
         return logits, values, slice(w0, w1)
+
+    @staticmethod
+    def _shared_prefix_len(batch: PackedBatch, window_start: int) -> int:
+        """Length of the token prefix that every row shares (at most ``window_start``), or 0 if not worth it.
+
+        Episodes of one TextEnvironment batch usually share the whole few-shot prompt: running it once saves
+        most of the compute and activation memory. Only for right-padded batches of several rows.
+        """
+        if batch.input_ids.shape[0] < 2 or int(batch.first_token.max()) != 0:
+            return 0
+        head = batch.input_ids[:, :window_start]  # [b, w0]
+        same = (head == head[:1]).all(dim=0)  # [w0]
+        prefix_len = window_start if bool(same.all()) else int((~same).int().argmax())
+        return prefix_len if prefix_len >= MIN_SHARED_PREFIX else 0
 
     def _labels(self, batch: PackedBatch, window: slice) -> torch.Tensor:
         return batch.input_ids[:, window.start + 1 : window.stop + 1]  # [b, W]

@@ -124,11 +124,18 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         attention_mask: torch.Tensor | None = None,
         return_past_key_values: bool = False,
         logits_to_keep: slice | int | torch.Tensor | None = None,
+        shared_prefix_len: int = 0,
         **kwargs,
     ) -> tuple:
-        """Returns ``(lm_logits, loss, value)`` (+ ``past_key_values`` if ``return_past_key_values``)."""
+        """Returns ``(lm_logits, loss, value)`` (+ ``past_key_values`` if ``return_past_key_values``).
+
+        With ``logits_to_keep`` (fast path, used by PPO), ``shared_prefix_len=P`` says that every row starts
+        with the same ``P`` real tokens: they are run once and their key/value cache is shared by the rows
+        (gradients flow through it), and values before position ``P`` are returned as 0. ``logits_to_keep``
+        must then select positions ``>= P``.
+        """
         if logits_to_keep is not None and self._simple_lm_head and not kwargs and past_key_values is None:
-            return self._forward_kept_logits(input_ids, attention_mask, logits_to_keep)
+            return self._forward_kept_logits(input_ids, attention_mask, logits_to_keep, shared_prefix_len)
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = _as_index(logits_to_keep, input_ids.shape[1], input_ids.device)
         kwargs["output_hidden_states"] = True
@@ -142,17 +149,42 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             return logits, output.loss, value, output.past_key_values
         return logits, output.loss, value
 
-    def _forward_kept_logits(self, input_ids, attention_mask, logits_to_keep) -> tuple:
+    def _forward_kept_logits(self, input_ids, attention_mask, logits_to_keep, shared_prefix_len: int = 0) -> tuple:
         # One pass through the decoder body; the value head sees every position, the LM head only the kept ones.
         causal_lm = self.causal_lm
         body = getattr(causal_lm, causal_lm.base_model_prefix)
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        if shared_prefix_len > 0:
+            hidden = self._body_with_shared_prefix(body, input_ids, attention_mask, shared_prefix_len)
+        else:
+            hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
         value = self.v_head(hidden).squeeze(-1)  # [B, T]
         kept = hidden[:, logits_to_keep] if isinstance(logits_to_keep, slice) else hidden[
             :, _as_index(logits_to_keep, hidden.shape[1], hidden.device)
         ]
         logits = causal_lm.get_output_embeddings()(kept).float()  # [B, K, V]
         return logits, None, value
+
+    @staticmethod
+    def _body_with_shared_prefix(body, input_ids, attention_mask, prefix_len: int) -> torch.Tensor:
+        """Last hidden states `[B, T, H]` (zeros before ``prefix_len``), running the common prefix once."""
+        from transformers import DynamicCache
+
+        batch, length = input_ids.shape
+        prefix = body(
+            input_ids=input_ids[:1, :prefix_len],
+            attention_mask=attention_mask[:1, :prefix_len],
+            past_key_values=DynamicCache(),
+            use_cache=True,
+        )
+        cache = prefix.past_key_values
+        cache.batch_repeat_interleave(batch)  # differentiable: gradients of all rows reach the prefix
+        suffix = body(
+            input_ids=input_ids[:, prefix_len:],
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state  # [B, T - P, H]
+        return torch.nn.functional.pad(suffix, (0, 0, prefix_len, 0))
 
     def generate(self, *args, **kwargs):
         """Delegates to the wrapped model's ``generate``."""
