@@ -112,6 +112,7 @@ class PPOTrainer:
         self.accelerator = Accelerator(
             log_with=config.log_with, project_config=ProjectConfiguration(**config.project_kwargs), **accelerator_kwargs
         )
+        self._configure_deepspeed()
         config.world_size = self.accelerator.num_processes
         config.global_backward_batch_size = config.backward_batch_size * config.world_size
         config.global_batch_size = config.batch_size * config.world_size
@@ -208,6 +209,17 @@ class PPOTrainer:
             if isinstance(candidate, int):
                 return candidate
         return 0
+
+    def _configure_deepspeed(self) -> None:
+        # DeepSpeed needs the micro batch size up front; PPO has no dataloader to infer it from.
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None:
+            return
+        ds_config = plugin.deepspeed_config
+        if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+            ds_config["train_micro_batch_size_per_gpu"] = self.config.mini_batch_size
+        if ds_config.get("gradient_accumulation_steps", "auto") == "auto":
+            ds_config["gradient_accumulation_steps"] = self.config.gradient_accumulation_steps
 
     def _build_reference(self, model, ref_model, num_shared_layers):
         if ref_model is not None:
