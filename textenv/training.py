@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import resource
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ TINY_MODEL = "tiny"
 @dataclass
 class Settings:
     """Everything one calculator training run depends on. The defaults are the demo's settings.
+
+    Tuning note (bundled model, LoRA r=16 on the top 8 layers, 16 episodes per step): a learning rate of
+    1e-3 with 4 mini-batches per step wrecked the policy in one step (KL 2.5, training reward 0.50 -> 0.06).
 
     Attributes:
         model: `"bundled"` (SmolLM2-135M-Instruct), `"tiny"` (a random tiny model, for smoke tests) or a
@@ -69,9 +73,9 @@ class Settings:
     seed: int = 0
     steps: int = 12
     batch_size: int = 16
-    mini_batch_size: int = 8
-    ppo_epochs: int = 2
-    learning_rate: float = 5e-4
+    mini_batch_size: int = 4
+    ppo_epochs: int = 1
+    learning_rate: float = 2e-4
     init_kl_coef: float = 0.02
     adap_kl_ctrl: bool = True
     kl_target: float = 6.0
@@ -195,7 +199,9 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         project_kwargs={"logging_dir": log_dir} if log_dir else {},
         tracker_project_name="calculator",
     )
-    return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
+    with warnings.catch_warnings():  # episodes come from TextEnvironment, not from a dataset
+        warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
+        return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
 
 
 # --------------------------------------------------------------------------------------------- tasks
