@@ -95,8 +95,9 @@ def main() -> None:
     parser.add_argument("--workload", required=True, choices=["rollout", "ppo-step"])
     parser.add_argument("--inputs", required=True, help="JSON file written by run.py")
     parser.add_argument("--max-turns", type=int, nargs="+", default=[4])
+    parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     args = parser.parse_args()
-    torch.set_num_threads(workload.NUM_THREADS)
+    torch.set_num_threads(args.threads)
     inputs = workload.read_json(args.inputs)
     if args.workload == "rollout":
         result = run_rollout(inputs, args.max_turns)

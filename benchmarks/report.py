@@ -167,17 +167,28 @@ def equality_line(name: str, comparison: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------ PPO stats
 def compare_stats(legacy_stats: dict[str, Any], textenv_stats: dict[str, Any]) -> dict[str, Any]:
-    """Max abs difference over the stats both sides report (timings excluded), and the worst keys."""
-    differences, missing = {}, sorted(set(legacy_stats) - set(textenv_stats))
+    """Max abs difference of the scalar stats both sides report (timings excluded), the worst keys, and
+    the array stats (distributions) that differ."""
+    scalar_differences, array_differences = {}, {}
     for key, legacy_value in legacy_stats.items():
         if key.startswith("time/") or key not in textenv_stats:
             continue
-        legacy_values = legacy_value if isinstance(legacy_value, list) else [legacy_value]
         textenv_value = textenv_stats[key]
-        textenv_values = textenv_value if isinstance(textenv_value, list) else [textenv_value]
-        if len(legacy_values) != len(textenv_values):
-            differences[key] = float("inf")
+        if not isinstance(legacy_value, list):
+            scalar_differences[key] = abs(legacy_value - textenv_value) if not isinstance(textenv_value, list) else float("inf")
             continue
-        differences[key] = max((abs(a - b) for a, b in zip(legacy_values, textenv_values)), default=0.0)
-    worst = sorted(differences.items(), key=lambda item: -item[1])[:5]
-    return {"max_abs_diff": max(differences.values(), default=float("nan")), "worst": worst, "missing": missing, "compared": len(differences)}
+        textenv_values = textenv_value if isinstance(textenv_value, list) else [textenv_value]
+        if len(legacy_value) != len(textenv_values):
+            array_differences[key] = float("inf")
+        else:
+            difference = max((abs(a - b) for a, b in zip(legacy_value, textenv_values)), default=0.0)
+            if difference > 1e-3:
+                array_differences[key] = difference
+    worst = sorted(scalar_differences.items(), key=lambda item: -item[1])[:3]
+    return {
+        "max_abs_diff": max(scalar_differences.values(), default=float("nan")),
+        "worst": worst,
+        "compared": len(scalar_differences),
+        "arrays_differing": array_differences,
+        "missing": sorted(set(legacy_stats) - set(textenv_stats)),
+    }

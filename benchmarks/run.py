@@ -38,6 +38,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="one repeat; the turns workload with 8 episodes")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 3, 1 with --quick)")
+    parser.add_argument(
+        "--threads", type=int, default=workload.NUM_THREADS,
+        help="torch threads on both sides (default 2; 1 avoids thread-barrier stalls on a busy machine)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     return parser.parse_args()
 
@@ -52,8 +56,8 @@ def main() -> None:
         raw = {}
         for name in args.workloads:
             if name == "ppo-step":
-                run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"])
-            raw[name] = measure(name, sides, inputs[name], repeats)
+                run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
+            raw[name] = measure(name, sides, inputs[name], repeats, args.threads)
     if args.json:
         args.json.write_text(json.dumps(raw))
     print(render(raw, repeats, args))
@@ -88,7 +92,7 @@ def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
     return paths
 
 
-def measure(name: str, sides: dict, inputs: Path, repeats: int) -> dict[str, list[dict]]:
+def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int) -> dict[str, list[dict]]:
     """Run a workload `repeats` times per side in fresh processes, alternating which side goes first."""
     results: dict[str, list[dict]] = {"legacy": [], "textenv": []}
     side_workload = "ppo-step" if name == "ppo-step" else "rollout"
@@ -97,22 +101,22 @@ def measure(name: str, sides: dict, inputs: Path, repeats: int) -> dict[str, lis
         order = ("legacy", "textenv") if repeat % 2 == 0 else ("textenv", "legacy")
         for side in order:
             print(f"[{name}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
-            results[side].append(run_side(sides[side], side_workload, inputs, extra))
+            results[side].append(run_side(sides[side], side_workload, inputs, extra, threads))
     return results
 
 
-def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: list[str] = ()) -> dict:
+def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: list[str] = (), threads: int = workload.NUM_THREADS) -> dict:
     python, script = side
     environment = {
         **os.environ,
-        "OMP_NUM_THREADS": str(workload.NUM_THREADS),
-        "MKL_NUM_THREADS": str(workload.NUM_THREADS),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    command = [python, str(script), "--workload", side_workload, "--inputs", str(inputs), *extra]
+    command = [python, str(script), "--workload", side_workload, "--inputs", str(inputs), "--threads", str(threads), *extra]
     completed = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=HERE)
     for line in completed.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
@@ -123,11 +127,12 @@ def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: li
 # ------------------------------------------------------------------------------ output
 def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     command = "python benchmarks/run.py" + (" --quick" if args.quick else "") + (f" --repeats {args.repeats}" if args.repeats else "")
+    command += f" --threads {args.threads}" if args.threads != workload.NUM_THREADS else ""
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
     any_result = next(iter(next(iter(raw.values())).values()))[0]
     parts = [
-        f"Command: `{command}` — {repeats} run(s) per side, medians; CPU only, torch.set_num_threads(2) on "
+        f"Command: `{command}` — {repeats} run(s) per side, medians; CPU only, torch.set_num_threads({args.threads}) on "
         f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. No GPU figures: "
         "no GPU was available for these measurements.",
         "",
@@ -144,7 +149,12 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         summary_rows.append(report.summary_row("ppo-step (8 episodes, 4 epochs, mini-batch 4)", raw["ppo-step"]["legacy"], raw["ppo-step"]["textenv"], run_index=None))
         stats = report.compare_stats(raw["ppo-step"]["legacy"][0]["stats"], raw["ppo-step"]["textenv"][0]["stats"])
         worst = ", ".join(f"`{key}` {value:.2e}" for key, value in stats["worst"][:3])
-        notes.append(f"ppo-step stats: {stats['compared']} keys compared, max abs diff {stats['max_abs_diff']:.2e} (largest: {worst})" + (f"; missing in textenv: {stats['missing']}" if stats["missing"] else ""))
+        line = f"ppo-step stats: {stats['compared']} scalar stats compared, max abs diff {stats['max_abs_diff']:.1e} (largest: {worst})"
+        if stats["arrays_differing"]:
+            line += "; array stats that differ: " + ", ".join(f"`{key}` (max {value:.2g})" for key, value in stats["arrays_differing"].items())
+        if stats["missing"]:
+            line += f"; missing in textenv: {stats['missing']}"
+        notes.append(line)
     parts += [report.markdown_table(report.SUMMARY_HEADER, summary_rows), ""]
     if "turns" in raw:
         parts += ["How cost grows with turns (`turns` workload):", "", report.turns_table(raw["turns"]["legacy"], raw["turns"]["textenv"], list(TURNS)), ""]

@@ -1,10 +1,15 @@
 """The rollout engine: batched generation of one model turn for many episodes at once.
 
 Both front ends (TextEnvironment and the Gym scheduler) generate through `RolloutEngine.generate`. It
-takes each episode's exact context token ids, left-pads them into batches, and stops every row at its own
-stop strings or EOS. Stop strings are looked for in the newest tokens only (a short window decoded per
-step), never by decoding whole rows, and each row keeps exactly the tokens up to and including the one
-that completed its stop.
+takes each episode's exact context token ids and stops every row at its own stop strings or EOS, keeping
+exactly the tokens up to and including the one that completed its stop.
+
+For greedy and plain sampled decoding (temperature, top-k, top-p, min_new_tokens) on models with a plain
+KV cache, the engine runs its own loop (`decoding.py`): a context that extends a sequence it processed
+before (the same episode one turn later) starts from that sequence's cached keys and values, a prompt
+prefix shared by new episodes is computed once, finished rows leave the batch, stop strings are looked for
+in the newest tokens only, and logits are computed for the last position only. Greedy results are the
+tokens `transformers`' `generate` gives (up to float rounding). Anything else falls back to `generate`.
 """
 
 from __future__ import annotations
@@ -13,12 +18,16 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+
+from textenv.rollout.decoding import BatchDecoder, supports_fast_decoding
+from textenv.rollout.hf_generate import generate_with_hf
+from textenv.rollout.prefix_cache import PrefixCache
+from textenv.rollout.sampling import SamplingSettings
+from textenv.rollout.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
 
 DEFAULT_MAX_NEW_TOKENS = 32
-FINISH_STOP = "stop"
-FINISH_EOS = "eos"
-FINISH_LENGTH = "length"
+
+__all__ = ["Completion", "RolloutEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
 
 
 @dataclass
@@ -52,47 +61,6 @@ def model_device(model: Any) -> torch.device:
     return torch.device(device)
 
 
-class _RowStopper(StoppingCriteria):
-    """Per-row stop detection on the newest tokens only.
-
-    After each generated token, every row that is still running decodes its last few tokens (enough to
-    hold the longest stop string) and is marked done when a stop string or an EOS id appears. The number
-    of tokens the row had generated at that moment is recorded in `stop_lengths`.
-    """
-
-    def __init__(self, tokenizer, stop_strings: Sequence[str], eos_token_ids: set[int], prompt_length: int, rows: int):
-        self.tokenizer = tokenizer
-        self.stop_strings = [s for s in stop_strings if s]
-        self.eos_token_ids = eos_token_ids
-        self.prompt_length = prompt_length
-        # A stop string of n characters spans at most n tokens (+2 for byte-fragment tokens).
-        self.window = max((len(s) for s in self.stop_strings), default=0) + 2
-        self.stop_lengths: list[int | None] = [None] * rows
-        self.finish_reasons: list[str | None] = [None] * rows
-
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        generated = input_ids.shape[1] - self.prompt_length
-        running = [row for row, length in enumerate(self.stop_lengths) if length is None]
-        if running and self.eos_token_ids:
-            newest = input_ids[running, -1].tolist()
-            for row, token_id in zip(running, newest):
-                if token_id in self.eos_token_ids:
-                    self._finish(row, generated, FINISH_EOS)
-            running = [row for row in running if self.stop_lengths[row] is None]
-        if running and self.stop_strings:
-            start = max(self.prompt_length, input_ids.shape[1] - self.window)
-            windows = self.tokenizer.batch_decode(input_ids[running, start:], skip_special_tokens=False)
-            for row, window_text in zip(running, windows):
-                if any(stop in window_text for stop in self.stop_strings):
-                    self._finish(row, generated, FINISH_STOP)
-        done = [length is not None for length in self.stop_lengths]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    def _finish(self, row: int, generated: int, reason: str) -> None:
-        self.stop_lengths[row] = generated
-        self.finish_reasons[row] = reason
-
-
 class RolloutEngine:
     """Generates one turn for a batch of episodes.
 
@@ -100,17 +68,23 @@ class RolloutEngine:
         model: a causal LM, or a value-head wrapper around one (`.pretrained_model`), possibly wrapped by
             accelerate/DDP or PEFT.
         tokenizer: its tokenizer. A missing pad token is set to EOS (with a warning).
-        generation_kwargs (`dict`, *optional*): passed to `model.generate` on every call (`do_sample`,
-            `top_k`, `max_new_tokens`, ...). The dict is read, never modified. Without `max_new_tokens`
-            or `max_length`, `max_new_tokens=32` is used.
-        batch_size (`int`, defaults to 16): rows per `generate` call.
+        generation_kwargs (`dict`, *optional*): generation settings for every call (`do_sample`, `top_k`,
+            `max_new_tokens`, ...), as for `model.generate`. The dict is read, never modified. Without
+            `max_new_tokens` or `max_length`, `max_new_tokens=32` is used.
+        batch_size (`int`, defaults to 16): the most rows decoded at the same time (finished rows make
+            room for waiting ones).
+        reuse_cache (`bool`, defaults to `True`): reuse cached prefixes across calls (an episode's
+            previous turns) and within a call (a shared prompt). The cache is dropped automatically when
+            the model's weights change. `False` recomputes every context from scratch.
     """
 
-    def __init__(self, model, tokenizer, generation_kwargs: dict | None = None, batch_size: int = 16):
+    def __init__(self, model, tokenizer, generation_kwargs: dict | None = None, batch_size: int = 16, reuse_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
         self.batch_size = batch_size
+        self.reuse_cache = reuse_cache
+        self.prefix_cache = PrefixCache()
         ensure_pad_token(tokenizer)
 
     @property
@@ -134,7 +108,7 @@ class RolloutEngine:
             contexts: each episode's token ids so far (1-D tensors; lengths may differ).
             stop_strings: a row stops once its new text contains any of these.
             generation_kwargs: overrides for this call, merged over the engine's.
-            batch_size: rows per `generate` call (default: the engine's).
+            batch_size: rows decoded together (default: the engine's).
             stop_at_eos: stop a row at the tokenizer's EOS token even if `generation_kwargs` says
                 `eos_token_id=-1` (the legacy examples' setting).
 
@@ -145,38 +119,52 @@ class RolloutEngine:
             return []
         kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
         batch_size = batch_size or self.batch_size
-        stop_strings = list(stop_strings)
-        completions: list[Completion] = []
-        for start in range(0, len(contexts), batch_size):
-            chunk = contexts[start : start + batch_size]
-            completions.extend(self._generate_chunk(chunk, stop_strings, kwargs, stop_at_eos))
-        return completions
-
-    def _generate_chunk(self, contexts, stop_strings, kwargs, stop_at_eos) -> list[Completion]:
         model = unwrap_model(self.model)
+        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
+        fast = settings is not None and supports_fast_decoding(model)
+        stop_ids = self.eos_token_ids if stop_at_eos else set()
+        if fast:
+            stop_ids = stop_ids | settings.eos_token_ids
+        checker = StopChecker(self.tokenizer, list(stop_strings), stop_ids)
+        if fast:
+            self._prepare_cache(model)
+        if fast:
+            results = self._decode(model, contexts, settings, checker, batch_size)
+        else:
+            results = []
+            for start in range(0, len(contexts), batch_size):
+                results.extend(self._generate_chunk(model, contexts[start : start + batch_size], checker, kwargs))
+        return [self._completion(ids, reason) for ids, reason in results]
+
+    def _prepare_cache(self, model) -> None:
+        if self.reuse_cache:
+            self.prefix_cache.validate(model)
+        else:
+            self.prefix_cache.clear()
+
+    def _decode(self, model, contexts, settings, checker, batch_size) -> list[tuple[torch.Tensor, str]]:
+        decoder = BatchDecoder(model, settings, checker, self.prefix_cache, self.tokenizer.pad_token_id, max_rows=batch_size)
+        results = decoder.decode(contexts)
+        self.prefix_cache.end_call()
+        if not self.reuse_cache:
+            self.prefix_cache.clear()
+        return [
+            (torch.tensor(r.token_ids, dtype=torch.long, device=context.device), r.finish_reason)
+            for r, context in zip(results, contexts)
+        ]
+
+    def _generate_chunk(self, model, chunk, checker, kwargs) -> list[tuple[torch.Tensor, str]]:
         device = model_device(model)
-        input_ids, attention_mask = left_pad([c.to(device) for c in contexts], self.tokenizer.pad_token_id)
-        prompt_length = input_ids.shape[1]
-        eos_ids = self.eos_token_ids if stop_at_eos else set()
-        stopper = _RowStopper(self.tokenizer, stop_strings, eos_ids, prompt_length, len(contexts))
+        input_ids, attention_mask = left_pad([c.to(device) for c in chunk], self.tokenizer.pad_token_id)
         call_kwargs = dict(kwargs)
-        call_kwargs["stopping_criteria"] = StoppingCriteriaList([*kwargs.get("stopping_criteria", []), stopper])
         call_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         if "max_new_tokens" not in call_kwargs and "max_length" not in call_kwargs:
             call_kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
-        with torch.no_grad():
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, **call_kwargs)
-        if not isinstance(output, torch.Tensor):  # return_dict_in_generate=True
-            output = output.sequences
-        generated = output[:, prompt_length:]
-        completions = []
-        for row in range(len(contexts)):
-            length = stopper.stop_lengths[row]
-            reason = stopper.finish_reasons[row] or FINISH_LENGTH
-            token_ids = generated[row, : length if length is not None else generated.shape[1]]
-            text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-            completions.append(Completion(token_ids=token_ids.clone(), text=text, finish_reason=reason))
-        return completions
+        return generate_with_hf(model, input_ids, attention_mask, checker, call_kwargs)
+
+    def _completion(self, token_ids: torch.Tensor, reason: str) -> Completion:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return Completion(token_ids=token_ids, text=text, finish_reason=reason)
 
 
 def left_pad(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

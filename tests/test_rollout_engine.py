@@ -1,0 +1,192 @@
+"""The rollout engine's own decoding loop against transformers' `generate`: same greedy tokens, batched
+== one by one, cached prefixes (previous turn, shared prompt) == no cache, per-row stops, EOS, budgets,
+and the fallback to `generate` for settings the loop does not implement."""
+
+import pytest
+import torch
+
+import textenv.rollout.engine as engine_module
+from textenv.rollout import RolloutEngine
+from textenv.rollout.decoding import supports_fast_decoding
+from textenv.rollout.prefix_cache import PrefixCache, common_prefix_length
+from textenv.rollout.sampling import SamplingSettings
+
+PROMPT = "You are a calculator. Answer with <request><Calc>expression<call> and end with <submit>.\n\n"
+QUERIES = ["What is 1+1?", "What is 12*7, please?", "Compute 3-5.", "And 100/4?"]
+
+
+def contexts_for(tokenizer, queries=QUERIES, prompt=PROMPT):
+    return [tokenizer(prompt + query, return_tensors="pt").input_ids[0] for query in queries]
+
+
+def hf_greedy(model, tokenizer, context, max_new_tokens):
+    """transformers' greedy continuation of one unpadded context (no stop strings, no EOS)."""
+    with torch.no_grad():
+        output = model.generate(
+            context.unsqueeze(0), attention_mask=torch.ones(1, len(context), dtype=torch.long),
+            do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=-1, pad_token_id=tokenizer.pad_token_id,
+        )
+    return output[0, len(context):].tolist()
+
+
+def greedy_kwargs(max_new_tokens):
+    return {"do_sample": False, "max_new_tokens": max_new_tokens, "eos_token_id": -1}
+
+
+def ids(completions):
+    return [completion.token_ids.tolist() for completion in completions]
+
+
+@pytest.fixture()
+def no_fast_path(monkeypatch):
+    monkeypatch.setattr(engine_module, "supports_fast_decoding", lambda model: False)
+
+
+def test_fast_path_is_used_for_llama(tiny_model):
+    assert supports_fast_decoding(tiny_model)
+    assert SamplingSettings.from_kwargs(tiny_model.generation_config, greedy_kwargs(8), 32) is not None
+
+
+def test_greedy_matches_hf_generate_tiny(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
+    got = ids(engine.generate(contexts, stop_at_eos=False))
+    assert got == [hf_greedy(tiny_model, tokenizer, c, 12) for c in contexts]
+
+
+def test_greedy_matches_hf_generate_bundled(bundled):
+    model, tokenizer = bundled
+    contexts = contexts_for(tokenizer)[:3]
+    engine = RolloutEngine(model, tokenizer, greedy_kwargs(10))
+    got = ids(engine.generate(contexts, stop_at_eos=False))
+    assert got == [hf_greedy(model, tokenizer, c, 10) for c in contexts]
+
+
+def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, monkeypatch):
+    contexts = contexts_for(tokenizer)
+    kwargs = greedy_kwargs(16)
+    fast = RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_strings=["a", "e"], stop_at_eos=False)
+    monkeypatch.setattr(engine_module, "supports_fast_decoding", lambda model: False)
+    slow = RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_strings=["a", "e"], stop_at_eos=False)
+    assert ids(fast) == ids(slow)
+    assert [c.finish_reason for c in fast] == [c.finish_reason for c in slow]
+    assert [c.text for c in fast] == [c.text for c in slow]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 16])
+def test_batched_equals_one_by_one(tiny_model, tokenizer, batch_size):
+    contexts = contexts_for(tokenizer)
+    one_by_one = [ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate([c], stop_at_eos=False))[0] for c in contexts]
+    batched = ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate(contexts, batch_size=batch_size, stop_at_eos=False))
+    assert batched == one_by_one
+
+
+def test_next_turn_reuses_the_cache_and_matches_no_cache(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    cached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8))
+    uncached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8), reuse_cache=False)
+    first = cached.generate(contexts, stop_at_eos=False)
+    assert ids(first) == ids(uncached.generate(contexts, stop_at_eos=False))
+    tool = tokenizer("42<response>", add_special_tokens=False, return_tensors="pt").input_ids[0]
+    second_contexts = [torch.cat([c, done.token_ids, tool]) for c, done in zip(contexts, first)]
+    for context in second_contexts:  # every episode's previous turn is cached
+        assert len(cached.prefix_cache.longest_prefix(context)) == len(context) - len(tool) - 1
+    assert ids(cached.generate(second_contexts, stop_at_eos=False)) == ids(uncached.generate(second_contexts, stop_at_eos=False))
+    assert not uncached.prefix_cache.entries
+
+
+def test_shared_prompt_prefix_is_computed_once(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
+    engine.generate(contexts, stop_at_eos=False)
+    shared = [entry for entry in engine.prefix_cache.entries if entry.shared]
+    assert len(shared) == 1
+    assert len(shared[0]) == common_prefix_length(contexts)
+
+
+def test_cache_is_dropped_when_weights_change(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6))
+    engine.generate(contexts, stop_at_eos=False)
+    assert engine.prefix_cache.entries
+    with torch.no_grad():
+        tiny_model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # an in-place update, like an optimizer step
+    fresh = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6), reuse_cache=False)
+    extended = [torch.cat([c, torch.tensor([13, 14])]) for c in contexts]
+    assert ids(engine.generate(extended, stop_at_eos=False)) == ids(fresh.generate(extended, stop_at_eos=False))
+
+
+def test_stop_strings_per_row(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate(contexts, stop_at_eos=False)
+    stop = free[0].text[3:6]  # a string that row 0 produces; other rows stop on it or run on
+    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate(contexts, stop_strings=[stop], stop_at_eos=False)
+    for full, completion in zip(free, completions):
+        if completion.finish_reason == "stop":
+            assert stop in completion.text
+            shorter = tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=False)
+            assert stop not in shorter  # cut right at the token that completed the stop string
+            assert full.token_ids.tolist()[: len(completion.token_ids)] == completion.token_ids.tolist()
+        else:
+            assert completion.finish_reason == "length" and stop not in completion.text
+    assert completions[0].finish_reason == "stop"
+
+
+def test_eos_ends_a_row(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6)).generate(contexts, stop_at_eos=False)
+    # Declare one of row 0's greedy tokens the EOS id: the row ends at its first occurrence.
+    eos = free[0].token_ids[2].item()
+    end = free[0].token_ids.tolist().index(eos) + 1
+    completions = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(6), "eos_token_id": eos}).generate(contexts, stop_at_eos=False)
+    assert completions[0].token_ids.tolist() == free[0].token_ids[:end].tolist()
+    assert completions[0].finish_reason == "eos"
+    for full, completion in zip(free[1:], completions[1:]):
+        expected = full.token_ids.tolist()
+        if eos in expected:
+            expected = expected[: expected.index(eos) + 1]
+        assert completion.token_ids.tolist() == expected
+
+
+def test_max_new_tokens_and_min_new_tokens(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(5)).generate(contexts, stop_at_eos=False)
+    assert all(len(c.token_ids) == 5 and c.finish_reason == "length" for c in completions)
+    first = completions[0].token_ids[0].item()
+    blocked = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(5), "eos_token_id": first, "min_new_tokens": 2})
+    row = blocked.generate(contexts[:1], stop_at_eos=False)[0]
+    assert row.token_ids[0].item() != first  # EOS is forbidden before min_new_tokens
+
+
+def test_sampling_is_seeded_and_valid(tiny_model, tokenizer):
+    contexts = contexts_for(tokenizer)
+    kwargs = {"do_sample": True, "top_k": 5, "top_p": 0.9, "temperature": 0.7, "max_new_tokens": 6}
+    torch.manual_seed(0)
+    first = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_at_eos=False))
+    torch.manual_seed(0)
+    second = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_at_eos=False))
+    assert first == second and all(len(row) == 6 for row in first)
+
+
+def test_unsupported_kwargs_fall_back_to_generate(tiny_model, tokenizer):
+    assert SamplingSettings.from_kwargs(tiny_model.generation_config, {"num_beams": 2}, 8) is None
+    assert SamplingSettings.from_kwargs(tiny_model.generation_config, {"repetition_penalty": 1.3}, 8) is None
+    assert SamplingSettings.from_kwargs(tiny_model.generation_config, {"min_length": -1, "top_k": 0.0}, 8) is not None
+    contexts = contexts_for(tokenizer)[:2]
+    completions = RolloutEngine(tiny_model, tokenizer, {"max_new_tokens": 4, "repetition_penalty": 1.3}).generate(contexts)
+    assert all(1 <= len(c.token_ids) <= 4 for c in completions)
+
+
+def test_prefix_cache_ages_out_unused_entries():
+    cache = PrefixCache(max_idle_calls=1)
+    from textenv.rollout.prefix_cache import CacheEntry
+
+    entry = CacheEntry(token_ids=torch.tensor([1, 2, 3]), layers=[])
+    cache.add(entry)
+    cache.end_call()
+    assert cache.longest_prefix(torch.tensor([1, 2, 3, 4])) is entry
+    cache.end_call()
+    assert cache.entries  # survives one call in which nobody used it
+    cache.end_call()
+    assert not cache.entries
+    assert cache.longest_prefix(torch.tensor([1, 2])) is None
