@@ -43,12 +43,18 @@ def parse_args() -> argparse.Namespace:
         help="torch threads on both sides (default 2; 1 avoids thread-barrier stalls on a busy machine)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
+    parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
+    if args.render:
+        raw = json.loads(args.render.read_text())
+        args.workloads = [name for name in WORKLOADS if name in raw]
+        print(render(raw, len(next(iter(raw.values()))["legacy"]), args))
+        return
     legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
     sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), "textenv": (sys.executable, HERE / "textenv_side.py")}
     with tempfile.TemporaryDirectory(prefix="textenv-bench-") as folder:
