@@ -83,7 +83,7 @@ def print_renderable(renderable, console: "Console | None" = None) -> None:
 def to_html(renderable) -> str:
     """Standalone coloured HTML of a view (used by `TextHistory._repr_html_`)."""
     _require_rich()
-    console = Console(record=True, width=120, file=_NullFile(), force_terminal=False)
+    console = Console(record=True, width=120, file=_NullFile(), force_terminal=False, force_jupyter=False)
     console.print(renderable)
     return console.export_html(inline_styles=True)
 
