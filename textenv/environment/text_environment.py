@@ -48,7 +48,8 @@ class TextEnvironment:
         generation_kwargs (`dict`, *optional*): passed to `generate` (`max_new_tokens`, `do_sample`, ...).
             Kept as given and never modified.
         max_tool_response (`int`, *optional*): same as `max_tool_reponse`.
-        batch_size (`int`, defaults to 16): episodes generated together.
+        batch_size (`int`, defaults to 32): most episodes decoded together (finished episodes leave the
+            batch and waiting ones take their place).
         tool_timeout (`float`, *optional*): seconds a tool may run before its response becomes
             `"Tool error: ... timed out"`.
     """
@@ -66,7 +67,7 @@ class TextEnvironment:
         generation_kwargs: dict | None = None,
         *,
         max_tool_response: int | None = None,
-        batch_size: int = 16,
+        batch_size: int = 32,
         tool_timeout: float | None = None,
     ):
         if model is None or tokenizer is None:
