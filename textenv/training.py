@@ -60,6 +60,10 @@ class Settings:
         lora_rank: LoRA rank `r` (`lora_alpha = 2 * r`).
         lora_layers: put adapters on the top `lora_layers` decoder layers only (0 = all layers). Gradients
             then stop at the lowest adapted layer, which makes the backward pass much cheaper on a CPU.
+        value_head_init_std: the value head starts with weights ~ N(0, this) and bias 0, so its first
+            values are about 0. With PyTorch's default init the bundled model's values differ by ~1.3
+            from one position to the next, more than the 0/1 reward, and the first PPO steps follow that
+            noise. 0 keeps the default init.
         max_new_tokens: tokens per model turn.
         max_turns: model turns per episode.
         generation_batch_size: episodes generated together.
@@ -71,7 +75,7 @@ class Settings:
     device: str = "cpu"
     threads: int = 2
     seed: int = 0
-    steps: int = 12
+    steps: int = 20
     batch_size: int = 16
     mini_batch_size: int = 4
     ppo_epochs: int = 1
@@ -82,6 +86,7 @@ class Settings:
     lora: bool = True
     lora_rank: int = 16
     lora_layers: int = 8
+    value_head_init_std: float = 1e-3
     max_new_tokens: int = 24
     max_turns: int = 3
     generation_batch_size: int = 50
@@ -159,7 +164,10 @@ def load_policy(settings: Settings):
     peft_config = None
     if settings.lora:
         peft_config = lora_config(settings.lora_rank, settings.lora_layers, base.config.num_hidden_layers)
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
+    head_init = {}
+    if settings.value_head_init_std > 0:
+        head_init = {"v_head_init_strategy": "normal", "v_head_initializer_range": settings.value_head_init_std}
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config, **head_init)
     model.v_head.to(settings.device)
     return model.eval(), tokenizer
 
