@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=1, help="steps to time (each reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch default")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--no-share-prefix", action="store_true", help="compute every row in full (as legacy TRL)")
+    parser.add_argument("--share-prefix", action="store_true", help="run the common prompt prefix once (opt-in, see PPOTrainer.share_prompt_prefix)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided")
         trainer = PPOTrainer(config, model, tokenizer=tokenizer)
-    trainer.share_prompt_prefix = not args.no_share_prefix
+    trainer.share_prompt_prefix = args.share_prefix
     queries, responses, scores, masks = make_episodes(tokenizer, args.batch_size, seed=0)
     rss_before = psutil.Process().memory_info().rss
     results = {

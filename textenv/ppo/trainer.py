@@ -141,9 +141,10 @@ class PPOTrainer:
                 stacklevel=2,
             )
         self.training_data_collator = training_data_collator
-        # Run a prompt prefix common to all rows of a mini-batch once (through a shared KV cache). Same math;
-        # set to False to compute every row in full, as legacy TRL did.
-        self.share_prompt_prefix = True
+        # Opt-in: run a prompt prefix common to all rows of a mini-batch once, through a shared KV cache (same
+        # math, tested equal). Measured on CPU with the bundled model (batch 8, 147-token prompt): peak RSS of a
+        # step 4.0 GB instead of 5.3 GB, but the cached-attention backward was slower, so it is off by default.
+        self.share_prompt_prefix = False
 
         if optimizer is None:
             optimizer = torch.optim.Adam(
