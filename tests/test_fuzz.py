@@ -1,7 +1,7 @@
 """Property tests: the parser never raises, histories keep their invariants for any segment sequence."""
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from textenv import TextHistory, parse_tool_call
@@ -14,21 +14,24 @@ TAGGY_TEXT = st.lists(
 ANY_TEXT = st.one_of(st.text(max_size=200), TAGGY_TEXT)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500, deadline=None, derandomize=True)
 @given(ANY_TEXT)
+@example("<request>><><call>")  # the query (after the first ">") starts before the tool tag
 def test_parse_tool_call_never_raises_and_agrees_with_the_syntax(text):
     tool, query = parse_tool_call(text)
     if tool is None or query is None:
         assert (tool, query) == (None, None)
         return
-    # A parsed call really is <request>...<tool>...<call> in the text.
+    # A parsed call really is <request>...<tool>...<call> in the text; the query ends the request span.
     assert "<request>" in text and "<call>" in text
     after_request = text[text.index("<request>") + len("<request>") :]
-    assert f"<{tool}>" in after_request
-    assert query in after_request and not query.startswith(f"<{tool}>")
+    request_span = after_request[: after_request.index("<call>")]
+    assert f"<{tool}>" in request_span
+    assert request_span.endswith(query) and len(query) < len(request_span)
+    assert parse_tool_call("prefix " + text) == (tool, query)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.one_of(st.none(), st.integers(), st.binary(), st.lists(st.text())))
 def test_parse_tool_call_of_non_text_gives_none(value):
     assert parse_tool_call(value) == (None, None)
@@ -41,7 +44,7 @@ SEGMENT = st.tuples(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.lists(SEGMENT, min_size=1, max_size=12))
 def test_history_invariants_hold_for_any_segments(segments):
     (first_text, first_tokens, first_system), *rest = segments
@@ -69,7 +72,7 @@ def test_history_invariants_hold_for_any_segments(segments):
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(st.text(max_size=10), st.sampled_from([*CONTROL_TAGS, *SPECIALS])), max_size=15))
 def test_neutralised_text_holds_no_control_string(pieces):
     text = neutralize("".join(pieces), [*CONTROL_TAGS, *SPECIALS])
