@@ -7,7 +7,7 @@ function that runs it. Add one with `@subcommand("name", help=...)` on a ``run(a
 
     textenv rollout   --model M --dataset rows.jsonl --gym_env NAME --max_turns N --output completions.jsonl
     textenv train-gym --model M --dataset rows.jsonl --gym_env NAME --steps S --output completions.jsonl
-    textenv demo      [--tasks N ...]
+    textenv demo      [--quick] [--budget-minutes M] [--output-dir DIR]
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
     return summary
 
 
-delegate("demo", "textenv.demo", help="calculator episodes on the bundled model (the main job)")
+delegate("demo", "textenv.demo", help="train the calculator agent on the bundled model and report held-out accuracy (the main job)")
 
 
 if __name__ == "__main__":  # pragma: no cover
