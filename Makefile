@@ -11,7 +11,7 @@ demo: $(STAMP)
 	$(BIN)/textenv demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --timeout=900 tests
 
 setup: $(STAMP)
 

@@ -136,7 +136,6 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     command += f" --threads {args.threads}" if args.threads != workload.NUM_THREADS else ""
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
-    any_result = next(iter(next(iter(raw.values())).values()))[0]
     parts = [
         f"Command: `{command}` — {repeats} run(s) per side, medians; CPU only, torch.set_num_threads({args.threads}) on "
         f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. No GPU figures: "

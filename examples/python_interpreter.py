@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import random
 import time
-import warnings
 from pathlib import Path
 from typing import Iterator
 
-from textenv import PPOConfig, PPOTrainer, TextEnvironment, training
+from textenv import TextEnvironment, training
 from textenv.tasks import word_problems as task
 from textenv.tools import PythonInterpreter
 
@@ -99,25 +98,6 @@ def build_environment(model, tokenizer, settings: training.Settings, tool_timeou
     )
 
 
-def build_trainer(model, tokenizer, settings: training.Settings, log_dir: str) -> PPOTrainer:
-    """A `PPOTrainer` logging to tensorboard under `log_dir/python_interpreter`."""
-    config = PPOConfig(
-        exp_name="python_interpreter",
-        seed=settings.seed,
-        steps=settings.steps * settings.batch_size,
-        learning_rate=settings.learning_rate,
-        batch_size=settings.batch_size,
-        mini_batch_size=settings.mini_batch_size,
-        ppo_epochs=settings.ppo_epochs,
-        init_kl_coef=settings.init_kl_coef,
-        log_with="tensorboard",
-        project_kwargs={"logging_dir": log_dir},
-        tracker_project_name="python_interpreter",
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "No dataset is provided")  # the episodes come from the environment
-        return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
-
 
 def task_batches(batch_size: int, seed: int, exclude: set[str]) -> Iterator[tuple[list[str], list[float]]]:
     """An endless stream of `(queries, answers)` batches of random word problems, never one of `exclude`
@@ -146,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     training.seed_everything(settings.seed, settings.threads)
 
     model, tokenizer = training.load_policy(settings)
-    ppo_trainer = build_trainer(model, tokenizer, settings, args.log_dir)
+    ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="python_interpreter")
     env = build_environment(model, tokenizer, settings, args.tool_timeout)
     eval_queries, eval_answers = task.generate_tasks(args.eval_tasks, seed=EVAL_SEED)
     batches = task_batches(settings.batch_size, settings.seed, exclude=set(eval_queries))
@@ -156,42 +136,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
-    summary = summarise(logs)
+    summary = training.summarise(logs)
     if args.eval_tasks > 0:
         evaluation = training.evaluate(env, eval_queries, eval_answers, sample=False)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    print_summary(summary, args)
+    training.print_summary("python_interpreter", summary, args, "held-out problems", Path(args.log_dir) / "python_interpreter")
     return summary
 
-
-def summarise(logs: list[training.StepLog]) -> dict:
-    """Mean reward over the first and the last tenth of the steps (at least one step each) and the final KL."""
-    window = max(1, len(logs) // 10)
-    rewards = [log.reward_mean for log in logs]
-    return {
-        "steps": len(logs),
-        "window": window,
-        "first_reward": sum(rewards[:window]) / window,
-        "last_reward": sum(rewards[-window:]) / window,
-        "final_kl": logs[-1].kl,
-    }
-
-
-def print_summary(summary: dict, args: argparse.Namespace) -> None:
-    """Print the run's summary (what the smoke tests check)."""
-    print("\n=== python_interpreter PPO summary ===")
-    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
-    print(
-        f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
-        f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
-    )
-    if "held_out_accuracy" in summary:
-        print(f"held-out accuracy (greedy, {args.eval_tasks} held-out problems): {summary['held_out_accuracy']:.1%}")
-    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {training.peak_memory_mb():.0f} MiB")
-    print(f"tensorboard logs: {Path(args.log_dir) / 'python_interpreter'}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import random
 import time
-import warnings
 from pathlib import Path
 from typing import Iterator
 
-from textenv import PPOConfig, PPOTrainer, TextEnvironment, training
+from textenv import TextEnvironment, training
 from textenv.tasks import triviaqa as task
 from textenv.tools import WikiSearch
 
@@ -102,25 +101,6 @@ def build_environment(model, tokenizer, settings: training.Settings, corpus: Pat
     )
 
 
-def build_trainer(model, tokenizer, settings: training.Settings, log_dir: str) -> PPOTrainer:
-    """A `PPOTrainer` logging to tensorboard under `log_dir/triviaqa`."""
-    config = PPOConfig(
-        exp_name="triviaqa",
-        seed=settings.seed,
-        steps=settings.steps * settings.batch_size,
-        learning_rate=settings.learning_rate,
-        batch_size=settings.batch_size,
-        mini_batch_size=settings.mini_batch_size,
-        ppo_epochs=settings.ppo_epochs,
-        init_kl_coef=settings.init_kl_coef,
-        log_with="tensorboard",
-        project_kwargs={"logging_dir": log_dir},
-        tracker_project_name="triviaqa",
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "No dataset is provided")  # the episodes come from the environment
-        return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
-
 
 def task_batches(questions: list[dict], batch_size: int, seed: int) -> Iterator[tuple[list[str], list[list[str]]]]:
     """An endless stream of `(queries, accepted answers)` batches of random questions."""
@@ -153,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     training.seed_everything(settings.seed, settings.threads)
 
     model, tokenizer = training.load_policy(settings)
-    ppo_trainer = build_trainer(model, tokenizer, settings, args.log_dir)
+    ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="triviaqa")
     env = build_environment(model, tokenizer, settings, args.corpus)
     train_questions, held_out = task.split_questions(task.load_questions(args.questions))
     batches = task_batches(train_questions, settings.batch_size, settings.seed)
@@ -163,42 +143,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
-    summary = summarise(logs)
+    summary = training.summarise(logs)
     if args.eval_tasks > 0:
         evaluation = evaluate_held_out(env, held_out, args.eval_tasks, settings.seed)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    print_summary(summary, args)
+    training.print_summary("triviaqa", summary, args, "questions never trained on", Path(args.log_dir) / "triviaqa")
     return summary
 
-
-def summarise(logs: list[training.StepLog]) -> dict:
-    """Mean reward over the first and the last tenth of the steps (at least one step each) and the final KL."""
-    window = max(1, len(logs) // 10)
-    rewards = [log.reward_mean for log in logs]
-    return {
-        "steps": len(logs),
-        "window": window,
-        "first_reward": sum(rewards[:window]) / window,
-        "last_reward": sum(rewards[-window:]) / window,
-        "final_kl": logs[-1].kl,
-    }
-
-
-def print_summary(summary: dict, args: argparse.Namespace) -> None:
-    """Print the run's summary (what the smoke tests check)."""
-    print("\n=== triviaqa PPO summary ===")
-    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
-    print(
-        f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
-        f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
-    )
-    if "held_out_accuracy" in summary:
-        print(f"held-out accuracy (greedy, {args.eval_tasks} questions never trained on): {summary['held_out_accuracy']:.1%}")
-    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {training.peak_memory_mb():.0f} MiB")
-    print(f"tensorboard logs: {Path(args.log_dir) / 'triviaqa'}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
 
 
 if __name__ == "__main__":

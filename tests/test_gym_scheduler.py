@@ -1,7 +1,6 @@
 """GymScheduler with scripted policies: turns, masks, limits, failures, concurrency and the log."""
 
 import asyncio
-import json
 import time
 from pathlib import Path
 

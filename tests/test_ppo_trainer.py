@@ -375,7 +375,7 @@ def test_early_stopping_stops_after_first_epoch():
     for early in (False, True):
         trainer = make_trainer(early_stopping=early, target_kl=-100.0, ppo_epochs=4)
         calls = _recorded_grad_norms(trainer)
-        stats = trainer.step(*batch())
+        trainer.step(*batch())
         steps[early] = len(calls)
     assert steps[False] == 8 and steps[True] == 2
 

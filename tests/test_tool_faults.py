@@ -7,7 +7,6 @@ import threading
 import time
 
 import psutil
-import pytest
 import torch
 
 from textenv import TextEnvironment

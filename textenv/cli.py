@@ -17,7 +17,7 @@ import importlib
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 
 @dataclass

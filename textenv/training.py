@@ -187,13 +187,13 @@ def build_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
     )
 
 
-def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = None):
+def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = None, name: str = "calculator"):
     """A `PPOTrainer` for `model` (the reference is the model with its adapters disabled when it uses
-    LoRA). With `log_dir`, statistics are logged to tensorboard there."""
+    LoRA). With `log_dir`, statistics are logged to tensorboard there, under the run `name`."""
     from textenv.ppo import PPOConfig, PPOTrainer
 
     config = PPOConfig(
-        exp_name="calculator",
+        exp_name=name,
         seed=settings.seed,
         steps=settings.steps * settings.batch_size,
         learning_rate=settings.learning_rate,
@@ -205,7 +205,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         target=settings.kl_target,
         log_with="tensorboard" if log_dir else None,
         project_kwargs={"logging_dir": log_dir} if log_dir else {},
-        tracker_project_name="calculator",
+        tracker_project_name=name,
     )
     with warnings.catch_warnings():  # episodes come from TextEnvironment, not from a dataset
         warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
@@ -326,6 +326,41 @@ def _response_text(history: TextHistory) -> str:
 
 
 # --------------------------------------------------------------------------------------------- reporting
+def summarise(logs: Sequence[StepLog]) -> dict:
+    """Mean reward over the first and the last tenth of the steps (at least one step each) and the final KL."""
+    window = max(1, len(logs) // 10)
+    rewards = [log.reward_mean for log in logs]
+    return {
+        "steps": len(logs),
+        "window": window,
+        "first_reward": sum(rewards[:window]) / window,
+        "last_reward": sum(rewards[-window:]) / window,
+        "final_kl": logs[-1].kl,
+    }
+
+
+def print_summary(name: str, summary: dict, args, held_out: str, log_dir: str | Path) -> None:
+    """Print an example run's summary (what the smoke tests check).
+
+    Args:
+        name: the example's name, shown in the header.
+        summary: from `summarise`, plus `seconds` and optionally `held_out_accuracy`.
+        args: the example's parsed arguments (`batch_size`, `model`, `lora`, `lr`, `eval_tasks`, `save_dir`).
+        held_out: what the held-out tasks are, e.g. `"held-out problems"`.
+        log_dir: where the tensorboard logs went.
+    """
+    print(f"\n=== {name} PPO summary ===")
+    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    print(
+        f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
+        f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
+    )
+    if "held_out_accuracy" in summary:
+        print(f"held-out accuracy (greedy, {args.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
+    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {peak_memory_mb():.0f} MiB")
+    print(f"tensorboard logs: {log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
+
+
 def peak_memory_mb() -> float:
     """Peak resident memory of this process so far, in MiB (Linux `ru_maxrss` is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import time
 import warnings
 from typing import Callable, Sequence

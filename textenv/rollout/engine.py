@@ -128,7 +128,6 @@ class RolloutEngine:
         checker = StopChecker(self.tokenizer, list(stop_strings), stop_ids)
         if fast:
             self._prepare_cache(model)
-        if fast:
             results = self._decode(model, contexts, settings, checker, batch_size)
         else:
             results = []
