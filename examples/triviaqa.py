@@ -38,51 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options; the defaults make a CPU-sized run of the bundled model."""
     defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
-    parser.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads, 0 = torch default (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
-    parser.add_argument("--mini-batch-size", type=int, default=None, help="episodes per mini-batch (default: the batch size)")
-    parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s, as in the legacy example)")
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
-    parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
-    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=defaults.lora, help="train LoRA adapters instead of all weights (default: %(default)s)")
-    parser.add_argument("--lora-rank", type=int, default=defaults.lora_rank, help="(default: %(default)s)")
-    parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
-    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode: search, then answer (default: %(default)s)")
+    training.add_training_arguments(parser, defaults)
     parser.add_argument("--corpus", type=Path, default=DATA_DIR / "fictional_wiki.jsonl", help="documents to search, one {title, text} per line (default: the shipped corpus)")
     parser.add_argument("--questions", type=Path, default=DATA_DIR / "fictional_wiki_questions.jsonl", help="one {question, answers, title} per line (default: the shipped questions)")
-    parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
-    parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
     parser.add_argument("--eval-tasks", type=int, default=8, help="held-out questions answered greedily after training, 0 = none (default: %(default)s)")
     parser.add_argument("--show", type=int, default=2, help="evaluation episodes to print with show_text (default: %(default)s)")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return parser
-
-
-def settings_from_args(args: argparse.Namespace) -> training.Settings:
-    """The shared training loop's settings for these options."""
-    return training.Settings(
-        model=args.model,
-        device=args.device,
-        threads=args.threads,
-        seed=args.seed,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        mini_batch_size=args.mini_batch_size or args.batch_size,
-        ppo_epochs=args.ppo_epochs,
-        learning_rate=args.lr,
-        init_kl_coef=args.init_kl_coef,
-        lora=args.lora,
-        lora_rank=args.lora_rank,
-        lora_layers=args.lora_layers,
-        max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns,
-        generation_batch_size=args.batch_size,
-    )
 
 
 def build_environment(model, tokenizer, settings: training.Settings, corpus: Path) -> TextEnvironment:
@@ -128,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         evaluated) and wall time in seconds.
     """
     args = build_parser().parse_args(argv)
-    settings = settings_from_args(args)
+    settings = training.settings_from_args(args)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 

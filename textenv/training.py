@@ -118,6 +118,54 @@ class StepLog:
 
 
 # --------------------------------------------------------------------------------------------- set-up
+def add_training_arguments(parser, defaults: Settings) -> None:
+    """Add the options every tool-learning example shares (model, device, PPO sizes, LoRA, turns,
+    logging) to an `argparse` parser, with `defaults` as their defaults; read them back with
+    `settings_from_args`."""
+    import argparse
+
+    parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
+    parser.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads, 0 = torch default (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
+    parser.add_argument("--mini-batch-size", type=int, default=None, help="episodes per mini-batch (default: the batch size)")
+    parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s, as in the legacy example)")
+    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
+    parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
+    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=defaults.lora, help="train LoRA adapters instead of all weights (default: %(default)s)")
+    parser.add_argument("--lora-rank", type=int, default=defaults.lora_rank, help="(default: %(default)s)")
+    parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
+    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode: tool call, then answer (default: %(default)s)")
+    parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
+    parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+
+
+def settings_from_args(args) -> Settings:
+    """The training loop's `Settings` from the options of `add_training_arguments`."""
+    return Settings(
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        mini_batch_size=args.mini_batch_size or args.batch_size,
+        ppo_epochs=args.ppo_epochs,
+        learning_rate=args.lr,
+        init_kl_coef=args.init_kl_coef,
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        lora_layers=args.lora_layers,
+        max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns,
+        generation_batch_size=args.batch_size,
+    )
+
+
 def seed_everything(seed: int, threads: int = 0) -> None:
     """Seed `random` and torch; with `threads > 0`, also fix the number of torch CPU threads."""
     random.seed(seed)
