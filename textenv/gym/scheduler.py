@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 import torch
 
+from textenv.asyncio_bridge import run_sync
 from textenv.environment.syntax import CONTROL_TAGS
 from textenv.gym.batching import GenerationQueue
 from textenv.gym.chat import ChatRenderer
@@ -160,12 +161,7 @@ class GymScheduler:
             rows, step=step, num_generations=num_generations, completions_path=completions_path,
             progress=progress, keep_episodes=keep_episodes,
         )
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coroutine)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="textenv-gym-run") as pool:
-            return pool.submit(asyncio.run, coroutine).result()
+        return run_sync(coroutine)
 
     async def arun(
         self,

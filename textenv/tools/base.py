@@ -12,10 +12,11 @@ Responses that are not strings are converted with ``str()``; an exception become
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 from typing import Any, Callable, Mapping
+
+from textenv.asyncio_bridge import run_sync
 
 TOOL_ERROR_PREFIX = "Tool error: "
 
@@ -103,7 +104,7 @@ def _call_tool_now(tool: Any, query: str) -> str:
     try:
         result = _callable_of(tool)(query)
         if inspect.isawaitable(result):
-            result = _run_awaitable(result)
+            result = run_sync(result)
     except Exception as error:  # noqa: BLE001 - any tool failure becomes text for the model
         return f"{TOOL_ERROR_PREFIX}{error}"
     return result if isinstance(result, str) else _to_text(result)
@@ -114,29 +115,3 @@ def _to_text(result: Any) -> str:
         return str(result)
     except Exception as error:  # noqa: BLE001 - a hostile __str__ must not kill the episode
         return f"{TOOL_ERROR_PREFIX}the tool returned a {type(result).__name__} that cannot be shown: {error}"
-
-
-def _run_awaitable(awaitable) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_as_coroutine(awaitable))
-    # Inside a running loop (Jupyter, an async caller): run it in a helper thread with its own loop.
-    outcome: dict[str, Any] = {}
-
-    def runner() -> None:
-        try:
-            outcome["value"] = asyncio.run(_as_coroutine(awaitable))
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=runner, daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-async def _as_coroutine(awaitable):
-    return await awaitable
