@@ -42,6 +42,16 @@ class PPOConfig:
     ``forward_batch_size`` is copied to ``mini_batch_size`` and ``optimize_cuda_cache`` to
     ``optimize_device_cache`` (legacy TRL silently ignored the latter).
 
+    ``share_prompt_prefix`` (textenv only, default True): rows of a mini-batch that start with the same
+    prompt are packed into one sequence so the prompt runs through the model once, forward and backward
+    (same losses to float rounding; see `textenv.ppo.shared_prefix`). Set it to False to run every row in
+    full, as legacy TRL did. ``step_in_backward`` (textenv only, default True): with the trainer's own
+    optimizer on one process and no ``max_grad_norm`` or gradient accumulation, each parameter is updated as
+    soon as backward completes its gradient, so the gradients of the whole model never exist at once (same
+    update; see `textenv.ppo.step_in_backward`). ``offload_reference`` (textenv only): keep the reference
+    copy the trainer makes in a snapshot file, memory-mapped only during its forward pass (same outputs; see
+    `textenv.ppo.offloaded_reference`); ``None`` (default) does so on CPU for models of 256 MiB or more.
+
     Derived fields set in ``__post_init__``: ``backward_batch_size = mini_batch_size *
     gradient_accumulation_steps`` and ``total_ppo_epochs = ceil(steps / batch_size)``; the trainer fills in
     ``world_size``, ``global_backward_batch_size`` and ``global_batch_size``.
@@ -96,6 +106,10 @@ class PPOConfig:
     score_clip: float | None = None
     whiten_rewards: bool = False
     gradient_checkpointing: bool = False
+    # --- textenv addition ---------------------------------------------------------------------------
+    share_prompt_prefix: bool = True
+    step_in_backward: bool = True
+    offload_reference: bool | None = None
     # --- filled in by __post_init__ / the trainer ---------------------------------------------------
     is_encoder_decoder: bool | None = None
     is_peft_model: bool | None = None

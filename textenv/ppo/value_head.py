@@ -124,22 +124,22 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         attention_mask: torch.Tensor | None = None,
         return_past_key_values: bool = False,
         logits_to_keep: slice | int | torch.Tensor | None = None,
-        shared_prefix_len: int = 0,
+        position_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple:
         """Returns ``(lm_logits, loss, value)`` (+ ``past_key_values`` if ``return_past_key_values``).
 
-        With ``logits_to_keep`` (fast path, used by PPO), ``shared_prefix_len=P`` says that every row starts
-        with the same ``P`` real tokens: they are run once and their key/value cache is shared by the rows
-        (gradients flow through it), and values before position ``P`` are returned as 0. ``logits_to_keep``
-        must then select positions ``>= P``.
+        ``attention_mask`` may be a prepared 4-D mask (with ``position_ids``), as PPO passes for rows packed
+        around a shared prompt prefix (see `textenv.ppo.shared_prefix`).
         """
         if logits_to_keep is not None and self._simple_lm_head and not kwargs and past_key_values is None:
-            return self._forward_kept_logits(input_ids, attention_mask, logits_to_keep, shared_prefix_len)
+            return self._forward_kept_logits(input_ids, attention_mask, position_ids, logits_to_keep)
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = _as_index(logits_to_keep, input_ids.shape[1], input_ids.device)
         kwargs["output_hidden_states"] = True
         kwargs["past_key_values"] = past_key_values
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
         if self.is_peft_model and getattr(self.pretrained_model.active_peft_config, "peft_type", None) == "PREFIX_TUNING":
             kwargs.pop("past_key_values")
         output = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
@@ -149,42 +149,23 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             return logits, output.loss, value, output.past_key_values
         return logits, output.loss, value
 
-    def _forward_kept_logits(self, input_ids, attention_mask, logits_to_keep, shared_prefix_len: int = 0) -> tuple:
+    def _forward_kept_logits(self, input_ids, attention_mask, position_ids, logits_to_keep) -> tuple:
         # One pass through the decoder body; the value head sees every position, the LM head only the kept ones.
         causal_lm = self.causal_lm
         body = getattr(causal_lm, causal_lm.base_model_prefix)
-        if shared_prefix_len > 0:
-            hidden = self._body_with_shared_prefix(body, input_ids, attention_mask, shared_prefix_len)
-        else:
-            hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        inputs = {"input_ids": input_ids}
+        embedding = causal_lm.get_input_embeddings()
+        if _tied_trainable_embedding(embedding, causal_lm.get_output_embeddings()) and torch.is_grad_enabled():
+            # A sparse gradient for the lookup: it is added into the LM head's dense gradient of the same tied
+            # matrix in place, instead of a second dense [V, H] zero-filled gradient and their sum.
+            inputs = {"inputs_embeds": nn.functional.embedding(input_ids, embedding.weight, embedding.padding_idx, sparse=True)}
+        hidden = body(attention_mask=attention_mask, position_ids=position_ids, **inputs).last_hidden_state  # [B, T, H]
         value = self.v_head(hidden).squeeze(-1)  # [B, T]
         kept = hidden[:, logits_to_keep] if isinstance(logits_to_keep, slice) else hidden[
             :, _as_index(logits_to_keep, hidden.shape[1], hidden.device)
         ]
         logits = causal_lm.get_output_embeddings()(kept).float()  # [B, K, V]
         return logits, None, value
-
-    @staticmethod
-    def _body_with_shared_prefix(body, input_ids, attention_mask, prefix_len: int) -> torch.Tensor:
-        """Last hidden states `[B, T, H]` (zeros before ``prefix_len``), running the common prefix once."""
-        from transformers import DynamicCache
-
-        batch, length = input_ids.shape
-        prefix = body(
-            input_ids=input_ids[:1, :prefix_len],
-            attention_mask=attention_mask[:1, :prefix_len],
-            past_key_values=DynamicCache(),
-            use_cache=True,
-        )
-        cache = prefix.past_key_values
-        cache.batch_repeat_interleave(batch)  # differentiable: gradients of all rows reach the prefix
-        suffix = body(
-            input_ids=input_ids[:, prefix_len:],
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state  # [B, T - P, H]
-        return torch.nn.functional.pad(suffix, (0, 0, prefix_len, 0))
 
     def generate(self, *args, **kwargs):
         """Delegates to the wrapped model's ``generate``."""
@@ -256,6 +237,18 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             if state:
                 wrapper.v_head.load_state_dict(state, strict=False)
         return wrapper
+
+
+def _tied_trainable_embedding(embedding: nn.Module, output_embedding: nn.Module) -> bool:
+    """A plain trainable lookup table that is also the LM head's weight (a sparse lookup gradient is then
+    summed into a dense one before it reaches the parameter)."""
+    return (
+        type(embedding) is nn.Embedding
+        and embedding.max_norm is None
+        and not embedding.scale_grad_by_freq
+        and embedding.weight.requires_grad
+        and getattr(output_embedding, "weight", None) is embedding.weight
+    )
 
 
 def _as_index(keep: slice | int | torch.Tensor, length: int, device) -> torch.Tensor:

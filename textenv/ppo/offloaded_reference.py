@@ -1,0 +1,87 @@
+"""A frozen reference model whose weights live in a snapshot file and are memory-mapped only while it runs.
+
+PPO needs the reference for one no-grad forward pass per step. A full copy on the heap costs a model's
+worth of memory for the whole run, at the peak of every optimisation phase too. Here the policy's weights
+are written once to a file; each use maps them (no copy on CPU) into a weightless skeleton of the model and
+unmaps them afterwards. Between uses they are clean page cache, which the kernel can drop and read again,
+not process memory. The outputs are those of an in-memory copy, bit for bit (the same float32 values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Iterator
+
+import torch
+from torch import nn
+
+SNAPSHOT_FILE = "reference.pt"
+AUTO_OFFLOAD_MIN_BYTES = 256 * 2**20  # smaller models: an in-memory copy is cheap and easier to inspect
+
+
+def should_offload(setting: bool | None, model: nn.Module, device: torch.device) -> bool:
+    """``PPOConfig.offload_reference``: ``None`` (auto) offloads on CPU for models of 256 MiB or more."""
+    if setting is not None:
+        return setting
+    size = sum(param.numel() * param.element_size() for param in model.parameters())
+    return device.type == "cpu" and size >= AUTO_OFFLOAD_MIN_BYTES
+
+
+class OffloadedReference:
+    """A frozen copy of ``model`` kept in a snapshot file under ``folder`` (default: the system temp folder).
+
+    Use it with ``with reference.loaded() as model: ...``; the file is deleted when this object is
+    garbage-collected or the interpreter exits.
+
+    Args:
+        model: the policy to copy (its current weights).
+        device: where the loaded weights go (CPU: mapped from the file; other devices: copied there).
+        folder: where to write the snapshot.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device | str = "cpu", folder: str | None = None):
+        self.device = torch.device(device)
+        self.folder = tempfile.mkdtemp(prefix="textenv-reference-", dir=folder)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self.path = os.path.join(self.folder, SNAPSHOT_FILE)
+        state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+        torch.save(state, self.path)  # tensors that share storage (tied embeddings) are written once
+        self._empty_state = {name: torch.empty_like(tensor, device="meta") for name, tensor in state.items()}
+        del state
+        self.skeleton = _weightless_copy(model)
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[nn.Module]:
+        """The reference model with its weights mapped in; they are released when the block ends."""
+        state = torch.load(self.path, mmap=True, weights_only=True, map_location="cpu")
+        if self.device.type != "cpu":
+            state = {name: tensor.to(self.device) for name, tensor in state.items()}
+        self.skeleton.load_state_dict(state, assign=True)
+        del state
+        _freeze(self.skeleton)
+        try:
+            yield self.skeleton
+        finally:
+            self.skeleton.load_state_dict(self._empty_state, assign=True)
+
+    def close(self) -> None:
+        """Delete the snapshot file now."""
+        self._cleanup()
+
+
+def _weightless_copy(model: nn.Module) -> nn.Module:
+    # deepcopy returns the memo entry for every parameter: meta tensors, so nothing model-sized is copied.
+    memo = {id(param): nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False) for param in model.parameters()}
+    skeleton = copy.deepcopy(model, memo)
+    return _freeze(skeleton).eval()
+
+
+def _freeze(model: nn.Module) -> nn.Module:
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
