@@ -51,37 +51,45 @@ class OffloadedReference:
         self.path = os.path.join(self.folder, SNAPSHOT_FILE)
         state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
         torch.save(state, self.path)  # tensors that share storage (tied embeddings) are written once
-        self._empty_state = {name: torch.empty_like(tensor, device="meta") for name, tensor in state.items()}
+        self.skeleton = _weightless_copy(model, self.device)
+        # The skeleton's own parameter and buffer objects by state-dict name: loading sets their ``.data``, so
+        # tied weights stay one parameter.
+        self._slots = {name: tensor for name, tensor in _named_tensors(self.skeleton) if name in state}
+        self._empty = {name: _placeholder(tensor, self.device) for name, tensor in state.items()}
         del state
-        self.skeleton = _weightless_copy(model)
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[nn.Module]:
         """The reference model with its weights mapped in; they are released when the block ends."""
         state = torch.load(self.path, mmap=True, weights_only=True, map_location="cpu")
-        if self.device.type != "cpu":
-            state = {name: tensor.to(self.device) for name, tensor in state.items()}
-        self.skeleton.load_state_dict(state, assign=True)
+        for name, slot in self._slots.items():
+            slot.data = state[name] if self.device.type == "cpu" else state[name].to(self.device)
         del state
-        _freeze(self.skeleton)
         try:
             yield self.skeleton
         finally:
-            self.skeleton.load_state_dict(self._empty_state, assign=True)
+            for name, slot in self._slots.items():
+                slot.data = self._empty[name]
 
     def close(self) -> None:
         """Delete the snapshot file now."""
         self._cleanup()
 
 
-def _weightless_copy(model: nn.Module) -> nn.Module:
-    # deepcopy returns the memo entry for every parameter: meta tensors, so nothing model-sized is copied.
-    memo = {id(param): nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False) for param in model.parameters()}
-    skeleton = copy.deepcopy(model, memo)
-    return _freeze(skeleton).eval()
-
-
-def _freeze(model: nn.Module) -> nn.Module:
-    for param in model.parameters():
+def _weightless_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    # deepcopy returns the memo entry for every parameter: empty placeholders, so nothing model-sized is copied.
+    memo = {id(param): nn.Parameter(_placeholder(param, device), requires_grad=False) for param in model.parameters()}
+    skeleton = copy.deepcopy(model, memo).to(device)  # buffers that are not in the state dict (rotary tables)
+    for param in skeleton.parameters():
         param.requires_grad_(False)
-    return model
+    return skeleton.eval()
+
+
+def _placeholder(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A 0-element tensor of the same dtype on ``device`` (``.data`` can only move between tensors of one kind)."""
+    return torch.empty(0, dtype=tensor.dtype, device=device)
+
+
+def _named_tensors(model: nn.Module):
+    yield from model.named_parameters(remove_duplicate=False)
+    yield from model.named_buffers(remove_duplicate=False)

@@ -2,7 +2,10 @@
 
 The math is legacy TRL's (v0.11.4); the computation is leaner: one forward pass gives policy logprobs and
 values, the LM head only runs on the response positions of each mini-batch, logprobs are gathered without a
-full log-softmax, and full logits exist only briefly (per mini-batch) for ``kl_penalty="full"``.
+full log-softmax, and full logits exist only briefly (per mini-batch) for ``kl_penalty="full"``. Rows that
+share a prompt run it once (`shared_prefix`), the default Adam is fused and steps each parameter during
+backward (`step_in_backward`), and on CPU the reference copy lives in a memory-mapped file
+(`offloaded_reference`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from textenv.rollout.kv_cache import growing_cache
 from textenv.rollout.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
 from textenv.rollout.sampling import SamplingSettings
 from textenv.rollout.stopping import FINISH_LENGTH, StopChecker
@@ -147,7 +148,7 @@ class BatchDecoder:
         if batch is None:
             return new
         length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
-        cache = DynamicCache(config=self.model.config)
+        cache = self._decoding_cache()
         for index, (old_layer, new_layer) in enumerate(zip(batch.cache.layers, new.cache.layers)):
             keys = torch.cat([_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)])
             values = torch.cat([_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)])
@@ -192,7 +193,7 @@ class BatchDecoder:
         lengths = [len(entry) if entry is not None else 0 for entry in entries]
         past = max(lengths)
         attention_mask = torch.zeros((len(entries), past), dtype=torch.long, device=self.device)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._decoding_cache()
         if past == 0:
             return cache, attention_mask
         template = next(entry for entry in entries if entry is not None)
@@ -224,6 +225,10 @@ class BatchDecoder:
         return input_ids.to(self.device), mask.to(self.device), position_ids.to(self.device)
 
     # ---------------------------------------------------------------------------------- model
+    def _decoding_cache(self) -> DynamicCache:
+        """A cache that the rows' new tokens are appended to in place (room for a whole turn)."""
+        return growing_cache(self.model.config, spare=self.settings.max_new_tokens)
+
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         output = self.model(
             input_ids=input_ids,

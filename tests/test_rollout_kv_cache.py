@@ -1,0 +1,69 @@
+"""GrowingLayer: appending in place gives the same keys/values as transformers' concatenating DynamicLayer."""
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from textenv.rollout.kv_cache import GrowingLayer, growing_cache
+from textenv.testing import tiny_causal_lm
+
+
+def chunks(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(3, 2, n, 4, generator=generator), torch.randn(3, 2, n, 4, generator=generator)) for n in lengths]
+
+
+def test_appends_equal_concatenation_across_reallocations():
+    growing, dynamic = GrowingLayer(spare=2), DynamicLayer()
+    buffers = set()
+    for keys, values in chunks([5, 1, 1, 1, 4, 1]):
+        got = growing.update(keys, values)
+        expected = dynamic.update(keys, values)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
+        buffers.add(growing.keys.untyped_storage().data_ptr())
+    assert growing.get_seq_length() == dynamic.get_seq_length() == 13
+    assert len(buffers) == 3  # room for 7 after the first 5; 10 when the 8th arrives; 14 when 12 are needed
+
+
+def test_batch_select_then_append():
+    growing, dynamic = GrowingLayer(spare=4), DynamicLayer()
+    (keys, values), (more_keys, more_values) = chunks([6, 1])
+    growing.update(keys, values)
+    dynamic.update(keys, values)
+    index = torch.tensor([2, 0])
+    growing.batch_select_indices(index)
+    dynamic.batch_select_indices(index)
+    got = growing.update(more_keys[index], more_values[index])
+    expected = dynamic.update(more_keys[index], more_values[index])
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
+
+
+def test_crop_and_reset():
+    growing = GrowingLayer(spare=4)
+    (keys, values), = chunks([6])
+    growing.update(keys, values)
+    growing.crop(-2)
+    assert growing.get_seq_length() == 4
+    torch.testing.assert_close(growing.keys, keys[:, :, :4], rtol=0, atol=0)
+    (more_keys, more_values), = chunks([1], seed=1)
+    growing.update(more_keys, more_values)
+    torch.testing.assert_close(growing.keys, torch.cat([keys[:, :, :4], more_keys], dim=2), rtol=0, atol=0)
+    growing.reset()
+    assert growing.get_seq_length() == 0
+
+
+def test_model_forward_with_growing_cache_equals_dynamic_cache():
+    from transformers import DynamicCache
+
+    model = tiny_causal_lm()
+    ids = torch.randint(3, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for name, cache in (("growing", growing_cache(model.config, spare=3)), ("dynamic", DynamicCache(config=model.config))):
+        with torch.no_grad():
+            steps = [model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True).logits[:, -1]]
+            for position in range(5, 9):
+                steps.append(model(input_ids=ids[:, position : position + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+        logits[name] = torch.stack(steps)
+    assert all(isinstance(layer, GrowingLayer) for layer in growing_cache(model.config, spare=3).layers)
+    torch.testing.assert_close(logits["growing"], logits["dynamic"], rtol=1e-5, atol=1e-5)
