@@ -89,7 +89,7 @@ class BatchDecoder:
         self.max_rows = max_rows
         self.device = next(model.parameters()).device
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def decode(self, contexts: Sequence[torch.Tensor]) -> list[RowResult]:
         """Generate one turn for every context; results in context order."""
         self.contexts = [c.detach().to("cpu", torch.long) for c in contexts]
