@@ -190,3 +190,50 @@ def test_prefix_cache_ages_out_unused_entries():
     cache.end_call()
     assert not cache.entries
     assert cache.longest_prefix(torch.tensor([1, 2])) is None
+
+
+def test_run_turns_lets_a_fast_episode_go_on_while_others_generate(bundled):
+    """Episode 0 stops after a few tokens (a stop string taken from its own greedy output); its second
+    turn starts while episode 1 is still on its first. The turns equal `generate` called turn by turn."""
+    from textenv.tasks import calculator as task
+
+    tiny_model, tokenizer = bundled  # real text, so a stop string can single out one row
+    contexts = contexts_for(tokenizer, [task.format_query("What is 7+21?"), task.format_query("What is 30+12?")], task.PROMPT)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
+    first_turn = engine.generate(contexts)
+    prefixes = (tokenizer.decode(first_turn[0].token_ids[:k]) for k in range(1, 12))
+    stop = next(text for text in prefixes if text not in first_turn[1].text)  # where row 0 departs from row 1
+
+    events = []
+
+    def next_context(episode, completion):
+        events.append((episode, completion.token_ids.tolist()))
+        turn = sum(1 for e, _ in events if e == episode)
+        if turn == 2:
+            return None
+        return torch.cat([contexts[episode], completion.token_ids, torch.tensor([13, 14])])
+
+    RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12)).run_turns(contexts, next_context, stop_strings=[stop])
+    assert [episode for episode, _ in events] == [0, 0, 1, 1]  # episode 0 finished both turns first
+
+    lockstep = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
+    expected_first = lockstep.generate(contexts, stop_strings=[stop])
+    followers = [torch.cat([c, done.token_ids, torch.tensor([13, 14])]) for c, done in zip(contexts, expected_first)]
+    expected_second = lockstep.generate(followers, stop_strings=[stop])
+    by_episode = {0: [], 1: []}
+    for episode, token_ids in events:
+        by_episode[episode].append(token_ids)
+    for episode in (0, 1):
+        assert by_episode[episode] == [expected_first[episode].token_ids.tolist(), expected_second[episode].token_ids.tolist()]
+
+
+def test_run_turns_without_fast_path_runs_in_lockstep(tiny_model, tokenizer, no_fast_path):
+    contexts = contexts_for(tokenizer, QUERIES[:3])
+    events = []
+
+    def next_context(episode, completion):
+        events.append(episode)
+        return None if events.count(episode) == 2 else torch.cat([contexts[episode], completion.token_ids])
+
+    RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).run_turns(contexts, next_context)
+    assert events == [0, 1, 2, 0, 1, 2]

@@ -379,3 +379,50 @@ def test_run_on_bundled_model_with_calculator(bundled):
     for query, answer, history in zip(tasks, [28, 42], histories):
         single = env.run([query], answers=[answer])[4][0]
         assert single.tokens.tolist() == history.tokens.tolist()
+
+
+class LockstepEnvironment(TextEnvironment):
+    """Overriding `generate` (as the legacy tests' mocks do) makes `run` take every turn in lockstep."""
+
+    def generate(self, histories):
+        self.lockstep_calls = getattr(self, "lockstep_calls", 0) + 1
+        return super().generate(histories)
+
+
+def test_episodes_at_own_pace_equal_lockstep_turns_on_bundled_model(bundled):
+    from textenv.tasks import calculator as task
+    from textenv.tools import Calculator
+
+    model, tokenizer = bundled
+    questions, answers = task.generate_tasks(6, seed=3)
+    results = {}
+    for name, cls in (("own pace", TextEnvironment), ("lockstep", LockstepEnvironment)):
+        calls = []
+
+        def calculator(expression, calls=calls):
+            calls.append(expression)
+            return Calculator()(expression)
+
+        env = cls(model, tokenizer, {task.TOOL_NAME: calculator}, task.exact_match_reward, task.PROMPT,
+                  max_turns=3, generation_kwargs={"do_sample": False, "max_new_tokens": 24})
+        output = env.run([task.format_query(q) for q in questions], answers=answers)
+        results[name] = (output, sorted(calls), getattr(env, "lockstep_calls", 0))
+    (own, own_calls, own_generate), (lockstep, lockstep_calls, lockstep_generate) = results["own pace"], results["lockstep"]
+    assert own_generate == 0 and lockstep_generate >= 2
+    assert own_calls == lockstep_calls and len(own_calls) >= 2  # episodes with a tool turn and without
+    for own_history, lockstep_history in zip(own[4], lockstep[4]):
+        assert own_history.text == lockstep_history.text
+        assert torch.equal(own_history.tokens, lockstep_history.tokens)
+        assert torch.equal(own_history.token_masks, lockstep_history.token_masks)
+        assert own_history.truncated == lockstep_history.truncated
+        _assert_consistent(own_history)
+    assert own[3] == lockstep[3]
+
+
+def test_max_turns_counts_per_episode_at_own_pace(tiny_model, tokenizer):
+    env = make_env(tiny_model, tokenizer, max_turns=2, generation_kwargs={"do_sample": False, "max_new_tokens": 4})
+    env.task_end_check = lambda history, model_turn=True: (False, False)  # never ends by itself
+    _, _, _, _, histories = env.run(["a", "bb", "ccc"])
+    for history in histories:
+        assert history.completed and history.truncated
+        assert sum(not system for system in history.system_spans) == 2  # two model turns each

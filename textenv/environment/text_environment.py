@@ -114,14 +114,10 @@ class TextEnvironment:
         """
         _check_queries(queries)
         histories = [self._start_history(index, query) for index, query in enumerate(queries)]
-        turns = 0
-        while any(not history.completed for history in histories) and turns < self.max_turns:
-            histories = self.generate(histories)
-            histories = self.tasks_end_check(histories)
-            for index in range(len(histories)):
-                histories[index] = self.step(histories[index])
-            histories = self.tasks_end_check(histories, model_turn=False)
-            turns += 1
+        if self._generate_is_overridden():
+            histories = self._run_in_lockstep(histories)
+        else:
+            self._run_at_own_pace(histories)
         for history in histories:
             if not history.completed:
                 history.complete(truncated=True)
@@ -132,6 +128,43 @@ class TextEnvironment:
         masks = [mask for _, _, mask in split]
         rewards = [history.reward for history in histories]
         return queries_tokens, responses, masks, rewards, histories
+
+    def _generate_is_overridden(self) -> bool:
+        return "generate" in vars(self) or type(self).generate is not TextEnvironment.generate
+
+    def _run_in_lockstep(self, histories: list[TextHistory]) -> list[TextHistory]:
+        """Legacy order: every active episode's turn through `self.generate`, then every tool call, repeat."""
+        turns = 0
+        while any(not history.completed for history in histories) and turns < self.max_turns:
+            histories = self.generate(histories)
+            histories = self.tasks_end_check(histories)
+            for index in range(len(histories)):
+                histories[index] = self.step(histories[index])
+            histories = self.tasks_end_check(histories, model_turn=False)
+            turns += 1
+        return histories
+
+    def _run_at_own_pace(self, histories: list[TextHistory]) -> None:
+        """The same turns per episode, but an episode whose turn ended gets its tool response and goes on
+        generating while the others are still on their turn (no waiting for the slowest row)."""
+        turns = [0] * len(histories)
+
+        def next_context(index: int, completion) -> torch.Tensor | None:
+            history = histories[index]
+            history.append_segment(completion.text, completion.token_ids, system=False)
+            history = self.tasks_end_check([history])[0]
+            history = self.step(history)
+            histories[index] = history = self.tasks_end_check([history], model_turn=False)[0]
+            turns[index] += 1
+            return None if history.completed or turns[index] >= self.max_turns else history.tokens
+
+        self._engine_for_call().run_turns(
+            [history.tokens for history in histories],
+            next_context,
+            stop_strings=(self.call_token, self.submit_token),
+            generation_kwargs=self.generation_kwargs,
+            batch_size=self.batch_size,
+        )
 
     def _start_history(self, index: int, query: str) -> TextHistory:
         text = self.prompt + query

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -90,19 +90,33 @@ class BatchDecoder:
         self.device = next(model.parameters()).device
 
     @torch.inference_mode()
-    def decode(self, contexts: Sequence[torch.Tensor]) -> list[RowResult]:
-        """Generate one turn for every context; results in context order."""
-        self.contexts = [c.detach().to("cpu", torch.long) for c in contexts]
-        self.results = [RowResult() for _ in contexts]
-        waiting = list(range(len(contexts)))
+    def decode(self, contexts: Sequence[torch.Tensor], on_finish: Callable[[int, RowResult], None] | None = None) -> list[RowResult]:
+        """Generate one turn for every context; results in row order (the contexts' order, then added rows).
+
+        Args:
+            contexts: the rows' token ids.
+            on_finish: called (outside inference mode) as ``on_finish(row, result)`` when a row finishes; it
+                may call `add_row` to queue a follow-up row, decoded in this same call.
+        """
+        self.contexts, self.results, self.waiting = [], [], []
+        self.on_finish = on_finish
+        for context in contexts:
+            self.add_row(context)
         batch: _Batch | None = None
-        while waiting or batch is not None:
+        while self.waiting or batch is not None:
             free = self.max_rows - (len(batch.rows) if batch else 0)
-            if waiting and (batch is None or free >= max(1, self.max_rows // 4)):
-                admitted, waiting = waiting[:free], waiting[free:]
+            if self.waiting and (batch is None or free >= max(1, self.max_rows // 4)):
+                admitted, self.waiting = self.waiting[:free], self.waiting[free:]
                 batch = self._merge(batch, self._prefill(admitted))
             batch = self._step(batch)
         return self.results
+
+    def add_row(self, context: torch.Tensor) -> int:
+        """Queue a row to decode; returns its row index."""
+        self.contexts.append(context.detach().to("cpu", torch.long))
+        self.results.append(RowResult())
+        self.waiting.append(len(self.contexts) - 1)
+        return len(self.contexts) - 1
 
     # ---------------------------------------------------------------------------------- decoding
     def _step(self, batch: _Batch) -> _Batch | None:
@@ -121,6 +135,9 @@ class BatchDecoder:
             else:
                 self.results[row].finish_reason = reason
                 self._store(row, batch, position)
+                if self.on_finish is not None:
+                    with torch.inference_mode(False):  # the caller's tensors must stay usable for training
+                        self.on_finish(row, self.results[row])
         if not keep:
             return None
         if len(keep) < len(batch.rows):

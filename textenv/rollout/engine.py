@@ -15,7 +15,7 @@ tokens `transformers`' `generate` gives (up to float rounding). Anything else fa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -135,18 +135,76 @@ class RolloutEngine:
                 results.extend(self._generate_chunk(model, contexts[start : start + batch_size], checker, kwargs))
         return [self._completion(ids, reason) for ids, reason in results]
 
+    def run_turns(
+        self,
+        contexts: Sequence[torch.Tensor],
+        next_context: Callable[[int, Completion], torch.Tensor | None],
+        stop_strings: Iterable[str] = (),
+        generation_kwargs: dict | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Generate turn after turn, each episode at its own pace.
+
+        When episode ``i``'s turn ends, ``next_context(i, completion)`` returns its next context (the
+        episode continues in the same decoding batch, while slower episodes are still on their turn) or
+        ``None`` (it is done). Without the fast decoding path, turns run in lockstep through `generate`.
+
+        Args:
+            contexts: each episode's first context.
+            next_context: the episode's reaction to a finished turn (tools, end checks).
+            stop_strings, generation_kwargs, batch_size: as for `generate`.
+        """
+        kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
+        model = unwrap_model(self.model)
+        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
+        if settings is None or not supports_fast_decoding(model) or len(contexts) == 0:
+            self._run_turns_in_lockstep(contexts, next_context, stop_strings, generation_kwargs, batch_size)
+            return
+        checker = StopChecker(self.tokenizer, list(stop_strings), self.eos_token_ids | settings.eos_token_ids)
+        self._prepare_cache(model)
+        decoder = self._decoder(model, settings, checker, batch_size or self.batch_size)
+        episode_of_row = list(range(len(contexts)))
+        devices = [context.device for context in contexts]
+
+        def on_finish(row: int, result) -> None:
+            episode = episode_of_row[row]
+            token_ids = torch.tensor(result.token_ids, dtype=torch.long, device=devices[episode])
+            following = next_context(episode, self._completion(token_ids, result.finish_reason))
+            if following is not None:
+                episode_of_row.append(episode)
+                decoder.add_row(following)
+
+        decoder.decode(contexts, on_finish=on_finish)
+        self._end_call()
+
+    def _run_turns_in_lockstep(self, contexts, next_context, stop_strings, generation_kwargs, batch_size) -> None:
+        pending = dict(enumerate(contexts))
+        while pending:
+            episodes = list(pending)
+            completions = self.generate([pending[i] for i in episodes], stop_strings, generation_kwargs, batch_size)
+            pending = {}
+            for episode, completion in zip(episodes, completions):
+                following = next_context(episode, completion)
+                if following is not None:
+                    pending[episode] = following
+
     def _prepare_cache(self, model) -> None:
         if self.reuse_cache:
             self.prefix_cache.validate(model)
         else:
             self.prefix_cache.clear()
 
-    def _decode(self, model, contexts, settings, checker, batch_size) -> list[tuple[torch.Tensor, str]]:
-        decoder = BatchDecoder(model, settings, checker, self.prefix_cache, self.tokenizer.pad_token_id, max_rows=batch_size)
-        results = decoder.decode(contexts)
+    def _decoder(self, model, settings, checker, batch_size: int) -> BatchDecoder:
+        return BatchDecoder(model, settings, checker, self.prefix_cache, self.tokenizer.pad_token_id, max_rows=batch_size)
+
+    def _end_call(self) -> None:
         self.prefix_cache.end_call()
         if not self.reuse_cache:
             self.prefix_cache.clear()
+
+    def _decode(self, model, contexts, settings, checker, batch_size) -> list[tuple[torch.Tensor, str]]:
+        results = self._decoder(model, settings, checker, batch_size).decode(contexts)
+        self._end_call()
         return [
             (torch.tensor(r.token_ids, dtype=torch.long, device=context.device), r.finish_reason)
             for r, context in zip(results, contexts)
