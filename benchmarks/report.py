@@ -82,8 +82,10 @@ SUMMARY_HEADER = [
 
 # ------------------------------------------------------------------------------ turns
 def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[int]) -> str:
-    """Cost of max_turns k, read as the elapsed time at the end of turn k of one greedy max_turns run
-    (greedy decoding makes a max_turns=k run identical to the first k turns of a longer one)."""
+    """Cost of max_turns k for each side. Legacy takes turns in lockstep: the elapsed time at the end of turn
+    k of one greedy max_turns run (greedy decoding makes a max_turns=k run identical to the first k turns of
+    a longer one). textenv runs episodes at their own pace, so turn k has no end time: it is measured as a
+    separate max_turns=k run for every k."""
     rows = []
     for k in max_turns_list:
         legacy_cum = median([_elapsed_after(r, k) for r in legacy])
@@ -96,24 +98,41 @@ def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[in
     return markdown_table(header, rows)
 
 
-def _turns(result: dict) -> list[dict]:
+def _lockstep_turns(result: dict) -> list[dict] | None:
     return result["runs"][0]["turns"]
 
 
+def _run_with_max_turns(result: dict, k: int) -> dict:
+    return next(run for run in result["runs"] if run["max_turns"] == k)
+
+
 def _elapsed_after(result: dict, k: int) -> float:
-    turns = _turns(result)
+    turns = _lockstep_turns(result)
+    if turns is None:
+        return _run_with_max_turns(result, k)["seconds"]
     return turns[min(k, len(turns)) - 1]["elapsed"]
 
 
 def _turn_ms_per_episode(result: dict, k: int) -> float:
-    turns = _turns(result)
+    turns = _lockstep_turns(result)
+    if turns is None:
+        episodes = _episodes_with_turn(_run_with_max_turns(result, k), k)
+        before = _elapsed_after(result, k - 1) if k > 1 else 0.0
+        return 1000 * (_elapsed_after(result, k) - before) / episodes if episodes else float("nan")
     if k > len(turns):
         return float("nan")
     return 1000 * turns[k - 1]["seconds"] / turns[k - 1]["episodes"]
 
 
+def _episodes_with_turn(run: dict, k: int) -> int:
+    """Episodes of a run that had a k-th model turn."""
+    return sum(1 for episode in run["episodes"] if sum(not segment["system"] for segment in episode["segments"]) >= k)
+
+
 def _active_episodes(result: dict, k: int) -> int:
-    turns = _turns(result)
+    turns = _lockstep_turns(result)
+    if turns is None:
+        return _episodes_with_turn(_run_with_max_turns(result, k), k)
     return turns[k - 1]["episodes"] if k <= len(turns) else 0
 
 

@@ -102,12 +102,16 @@ def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int) ->
     """Run a workload `repeats` times per side in fresh processes, alternating which side goes first."""
     results: dict[str, list[dict]] = {"legacy": [], "textenv": []}
     side_workload = "ppo-step" if name == "ppo-step" else "rollout"
-    extra = ["--max-turns", str(max(TURNS))] if name == "turns" else ["--max-turns", "4"]
+    extra = {"legacy": ["--max-turns", "4"], "textenv": ["--max-turns", "4"]}
+    if name == "turns":
+        # Legacy's turns end together: one max_turns 8 run gives every turn's end time. textenv's episodes run
+        # at their own pace, so each max_turns k is its own run.
+        extra = {"legacy": ["--max-turns", str(max(TURNS))], "textenv": ["--max-turns", *map(str, range(1, max(TURNS) + 1))]}
     for repeat in range(repeats):
         order = ("legacy", "textenv") if repeat % 2 == 0 else ("textenv", "legacy")
         for side in order:
             print(f"[{name}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
-            results[side].append(run_side(sides[side], side_workload, inputs, extra, threads))
+            results[side].append(run_side(sides[side], side_workload, inputs, extra[side], threads))
     return results
 
 
@@ -148,8 +152,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         notes.append(report.equality_line("rollout", report.compare_episodes(raw["rollout"]["legacy"][0]["runs"][0], raw["rollout"]["textenv"][0]["runs"][0])))
     if "turns" in raw:
         episodes = len(raw["turns"]["legacy"][0]["runs"][0]["episodes"])
-        summary_rows.append(report.summary_row(f"turns ({episodes} episodes, max_turns {max(TURNS)})", raw["turns"]["legacy"], raw["turns"]["textenv"]))
-        notes.append(report.equality_line("turns", report.compare_episodes(raw["turns"]["legacy"][0]["runs"][0], raw["turns"]["textenv"][0]["runs"][0])))
+        summary_rows.append(report.summary_row(f"turns ({episodes} episodes, max_turns {max(TURNS)})", raw["turns"]["legacy"], raw["turns"]["textenv"], run_index=-1))
+        notes.append(report.equality_line("turns", report.compare_episodes(raw["turns"]["legacy"][0]["runs"][0], raw["turns"]["textenv"][0]["runs"][-1])))
     if "ppo-step" in raw:
         summary_rows.append(report.summary_row("ppo-step (8 episodes, 4 epochs, mini-batch 4)", raw["ppo-step"]["legacy"], raw["ppo-step"]["textenv"], run_index=None))
         stats = report.compare_stats(raw["ppo-step"]["legacy"][0]["stats"], raw["ppo-step"]["textenv"][0]["stats"])

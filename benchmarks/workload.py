@@ -155,15 +155,20 @@ class TurnTimer:
         return result
 
 
-def timed_run(env: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Run `env.run(queries, answers=...)` once and record time, tokens, per-turn times and episodes."""
-    timer = TurnTimer(env)
+def timed_run(env: Any, inputs: dict[str, Any], time_turns: bool = True) -> dict[str, Any]:
+    """Run `env.run(queries, answers=...)` once and record time, tokens, per-turn times and episodes.
+
+    ``time_turns=False`` leaves `env.generate` alone: textenv then runs each episode at its own pace (a
+    wrapped `generate` makes it take turns in lockstep, as legacy TRL does), and no per-turn times exist.
+    """
+    timer = TurnTimer(env) if time_turns else None
     record: dict[str, Any] = {"max_turns": env.max_turns}
-    timer.run_started = time.perf_counter()
+    if timer is not None:
+        timer.run_started = time.perf_counter()
     with stopwatch(record, "seconds"):
         _, _, masks, rewards, histories = env.run(inputs["queries"], answers=inputs["answers"])
     record["generated_tokens"] = int(sum(int(mask.sum()) for mask in masks))
-    record["turns"] = timer.turns
+    record["turns"] = timer.turns if timer is not None else None
     record["rewards"] = [float(reward) for reward in rewards]
     record["episodes"] = [episode_record(history) for history in histories]
     return record

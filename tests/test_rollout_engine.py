@@ -237,3 +237,22 @@ def test_run_turns_without_fast_path_runs_in_lockstep(tiny_model, tokenizer, no_
 
     RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).run_turns(contexts, next_context)
     assert events == [0, 1, 2, 0, 1, 2]
+
+
+def test_run_turns_keeps_no_cache_for_finished_episodes(tiny_model, tokenizer):
+    """A streamed call keeps an episode's KV only while a follow-up turn will extend it."""
+    contexts = contexts_for(tokenizer)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
+    turns, histories = {}, list(contexts)
+
+    def next_context(episode, completion):
+        turns[episode] = turns.get(episode, 0) + 1
+        histories[episode] = torch.cat([histories[episode], completion.token_ids, torch.tensor([13])])
+        return None if turns[episode] == 3 else histories[episode]
+
+    engine.run_turns(contexts, next_context)
+    assert turns == {0: 3, 1: 3, 2: 3, 3: 3}
+    assert all(entry.shared for entry in engine.prefix_cache.entries)  # only the prompt prefix is left
+    generate_engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
+    generate_engine.generate(contexts)
+    assert sum(not entry.shared for entry in generate_engine.prefix_cache.entries) == len(contexts)  # a later call may extend them

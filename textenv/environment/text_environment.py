@@ -103,6 +103,11 @@ class TextEnvironment:
     def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:
         """Run one episode per query.
 
+        Each episode goes on to its next turn as soon as its tool has answered, while slower episodes are
+        still generating (the same turns as legacy TRL's lockstep loop, with no waiting for the slowest
+        row). When `generate` is overridden (in a subclass or on the instance, as legacy tests mock it),
+        turns run in lockstep through it: every active episode's turn, then every tool call.
+
         Args:
             queries (`list[str]`): the tasks; each episode starts from `prompt + query`.
             rewards_kwargs: passed to `reward_fn` (for example `answers=answers`).

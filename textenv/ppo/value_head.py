@@ -156,8 +156,8 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         inputs = {"input_ids": input_ids}
         embedding = causal_lm.get_input_embeddings()
         if _tied_trainable_embedding(embedding, causal_lm.get_output_embeddings()) and torch.is_grad_enabled():
-            # A sparse gradient for the lookup: it is added into the LM head's dense gradient of the same tied
-            # matrix in place, instead of a second dense [V, H] zero-filled gradient and their sum.
+            # A sparse gradient for the lookup: autograd adds its few rows to the LM head's dense gradient of the
+            # same tied matrix, instead of zero-filling a second dense [V, H] gradient first.
             inputs = {"inputs_embeds": nn.functional.embedding(input_ids, embedding.weight, embedding.padding_idx, sparse=True)}
         hidden = body(attention_mask=attention_mask, position_ids=position_ids, **inputs).last_hidden_state  # [B, T, H]
         value = self.v_head(hidden).squeeze(-1)  # [B, T]

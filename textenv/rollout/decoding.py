@@ -134,10 +134,7 @@ class BatchDecoder:
                 keep.append(position)
             else:
                 self.results[row].finish_reason = reason
-                self._store(row, batch, position)
-                if self.on_finish is not None:
-                    with torch.inference_mode(False):  # the caller's tensors must stay usable for training
-                        self.on_finish(row, self.results[row])
+                self._finish(row, batch, position)
         if not keep:
             return None
         if len(keep) < len(batch.rows):
@@ -256,6 +253,18 @@ class BatchDecoder:
             logits_to_keep=1,
         )
         return output.logits[:, -1, :]
+
+    def _finish(self, row: int, batch: _Batch, position: int) -> None:
+        """Keep a finished row's KV for whoever extends it: a later call (no `on_finish`), or the follow-up
+        row `on_finish` queued. A row without a follow-up in a streamed decode is not kept."""
+        if self.on_finish is None:
+            self._store(row, batch, position)
+            return
+        queued = len(self.waiting)
+        with torch.inference_mode(False):  # the caller's tensors must stay usable for training
+            self.on_finish(row, self.results[row])
+        if len(self.waiting) > queued:
+            self._store(row, batch, position)
 
     def _store(self, row: int, batch: _Batch, position: int) -> None:
         """Keep a finished row's KV: its context and every generated token but the last (never fed)."""
