@@ -30,7 +30,7 @@ WORKLOADS = ("rollout", "turns", "ppo-step")
 ROLLOUT_QUERIES = 32
 PPO_EPISODES = 8
 MAX_NEW_TOKENS = 32
-TURNS = (1, 2, 4, 8)
+TURNS = tuple(range(1, 9))
 
 
 def parse_args() -> argparse.Namespace:
