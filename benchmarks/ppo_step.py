@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=1, help="steps to time (each reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch default")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--share-prefix", action="store_true", help="run the common prompt prefix once (opt-in, see PPOTrainer.share_prompt_prefix)")
+    parser.add_argument("--no-share-prefix", action="store_true", help="run every row in full (PPOConfig.share_prompt_prefix=False)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, tokenizer = load_bundled_model(value_head=True)
     config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
-                       kl_penalty=args.kl_penalty, accelerator_kwargs={"cpu": args.device == "cpu"})
+                       kl_penalty=args.kl_penalty, accelerator_kwargs={"cpu": args.device == "cpu"},
+                       share_prompt_prefix=not args.no_share_prefix)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided")
         trainer = PPOTrainer(config, model, tokenizer=tokenizer)
-    trainer.share_prompt_prefix = args.share_prefix
     queries, responses, scores, masks = make_episodes(tokenizer, args.batch_size, seed=0)
     rss_before = psutil.Process().memory_info().rss
     results = {
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         "query_tokens_mean": sum(len(q) for q in queries) / len(queries),
         "response_tokens_mean": sum(len(r) for r in responses) / len(responses),
         "torch_threads": torch.get_num_threads(), "device": str(trainer.current_device),
-        "share_prompt_prefix": trainer.share_prompt_prefix,
+        "share_prompt_prefix": config.share_prompt_prefix,
         "rss_before_step_mb": rss_before / 2**20, "steps": [],
     }
     for _ in range(args.steps):
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["ru_maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"PPO step: batch {args.batch_size}, mini-batch {args.mini_batch_size}, {args.ppo_epochs} epochs, "
           f"query ~{results['query_tokens_mean']:.0f} tokens, response ~{results['response_tokens_mean']:.0f} tokens, "
-          f"{results['device']}, {results['torch_threads']} threads, shared prompt prefix: {trainer.share_prompt_prefix}")
+          f"{results['device']}, {results['torch_threads']} threads, shared prompt prefix: {config.share_prompt_prefix}")
     for index, step in enumerate(results["steps"]):
         print(f"step {index + 1}: {step['seconds']:.2f} s (forward {step['forward_pass_s']:.2f} s, optimise "
               f"{step['optimize_step_s']:.2f} s), peak RSS {step['peak_rss_mb']:.0f} MiB "
