@@ -161,6 +161,33 @@ def test_shared_prefix_step_equals_full_rows(attn_implementation):
     assert (3, padded_len) in shapes and (1, packed_len) in shapes  # both layouts really ran
 
 
+def test_shared_prefix_with_full_kl_penalty():
+    assert_same_step(step_results(share_prompt_prefix=False, kl_penalty="full"), step_results(share_prompt_prefix=True, kl_penalty="full"))
+
+
+def test_shared_prefix_and_step_in_backward_with_gradient_checkpointing():
+    plain = step_results(share_prompt_prefix=False, step_in_backward=False)
+    checkpointed = step_results(gradient_checkpointing=True)
+    assert checkpointed[0].step_in_backward is not None
+    assert_same_step(plain, checkpointed)
+
+
+def test_shared_prefix_on_peft_model_with_disabled_adapter_reference():
+    from peft import LoraConfig
+
+    results = []
+    for share in (False, True):
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_causal_lm(), peft_config=lora)
+        trainer = make_trainer(model=model, share_prompt_prefix=share, learning_rate=1e-2)
+        assert trainer.ref_model is None
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+        stats = trainer.step(QUERIES, RESPONSES, SCORES, MASKS)  # adapters trained: a non-zero KL to compare
+        results.append((trainer, stats, flat_weights(trainer.model)))
+    assert results[1][1]["objective/kl"] != 0.0
+    assert_same_step(*results)
+
+
 # ------------------------------------------------------------------------------------------------
 # optimizer: fused Adam, step fused into backward
 # ------------------------------------------------------------------------------------------------
