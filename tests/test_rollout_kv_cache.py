@@ -67,3 +67,25 @@ def test_model_forward_with_growing_cache_equals_dynamic_cache():
         logits[name] = torch.stack(steps)
     assert all(isinstance(layer, GrowingLayer) for layer in growing_cache(model.config, spare=3).layers)
     torch.testing.assert_close(logits["growing"], logits["dynamic"], rtol=1e-5, atol=1e-5)
+
+
+def test_merged_cache_right_aligns_rows_and_empties_the_sources():
+    from textenv.rollout.kv_cache import merged_cache
+
+    config = tiny_causal_lm().config
+    sources = []
+    for rows, length, seed in ((2, 5, 0), (3, 3, 1)):
+        cache = growing_cache(config, spare=2)
+        for index in range(len(cache.layers)):
+            (keys, values), = chunks([length], seed=seed + index)
+            cache.layers[index].update(keys[:rows], values[:rows])
+        sources.append(cache)
+    expected = [[(layer.keys.clone(), layer.values.clone()) for layer in source.layers] for source in sources]
+    merged = merged_cache(config, sources, length=6, spare=4)
+    for index, layer in enumerate(merged.layers):
+        assert isinstance(layer, GrowingLayer) and layer.keys.shape == (5, 2, 6, 4)
+        (old_keys, old_values), (new_keys, new_values) = expected[0][index], expected[1][index]
+        torch.testing.assert_close(layer.keys[:2, :, 1:], old_keys, rtol=0, atol=0)
+        torch.testing.assert_close(layer.values[2:, :, 3:], new_values, rtol=0, atol=0)
+        assert (layer.keys[:2, :, :1] == 0).all() and (layer.values[2:, :, :3] == 0).all()
+    assert all(layer.keys is None for source in sources for layer in source.layers)

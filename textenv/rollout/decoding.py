@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from textenv.rollout.kv_cache import growing_cache
+from textenv.rollout.kv_cache import growing_cache, merged_cache
 from textenv.rollout.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
 from textenv.rollout.sampling import SamplingSettings
 from textenv.rollout.stopping import FINISH_LENGTH, StopChecker
@@ -162,11 +162,7 @@ class BatchDecoder:
         if batch is None:
             return new
         length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
-        cache = self._decoding_cache()
-        for index, (old_layer, new_layer) in enumerate(zip(batch.cache.layers, new.cache.layers)):
-            keys = torch.cat([_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)])
-            values = torch.cat([_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)])
-            cache.update(keys, values, index)
+        cache = merged_cache(self.model.config, [batch.cache, new.cache], length, spare=self.settings.max_new_tokens)
         attention_mask = torch.cat([_left_pad(batch.attention_mask, length), _left_pad(new.attention_mask, length)])
         return _Batch(
             rows=batch.rows + new.rows,
@@ -275,8 +271,6 @@ class BatchDecoder:
             self.prefix_cache.add(CacheEntry(token_ids=token_ids, layers=layers))
 
 
-def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad the sequence dimension (-2 for KV `[rows, heads, seq, dim]`, -1 for masks) on the left."""
-    if tensor.dim() == 2:
-        return F.pad(tensor, (length - tensor.shape[1], 0))
-    return F.pad(tensor, (0, 0, length - tensor.shape[-2], 0))
+def _left_pad(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad a `[rows, len]` attention mask on the left to `length` columns."""
+    return F.pad(mask, (length - mask.shape[1], 0))

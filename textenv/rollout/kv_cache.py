@@ -27,6 +27,26 @@ class GrowingLayer(DynamicLayer):
         self._value_buffer: torch.Tensor | None = None
         self._length = 0
 
+    @classmethod
+    def from_rows(cls, blocks: list[tuple[torch.Tensor, torch.Tensor]], length: int, spare: int) -> "GrowingLayer":
+        """One layer holding the rows of several `[rows, H, len, D]` key/value blocks, in order, each
+        right-aligned to ``length`` (zeros on the left, masked by the caller), with room for ``spare`` more."""
+        first_keys, first_values = blocks[0]
+        rows = sum(keys.shape[0] for keys, _ in blocks)
+        layer = cls(spare)
+        layer.lazy_initialization(first_keys, first_values)
+        layer._key_buffer = first_keys.new_empty((rows, first_keys.shape[1], length + spare, first_keys.shape[3]))
+        layer._value_buffer = first_values.new_empty((rows, first_values.shape[1], length + spare, first_values.shape[3]))
+        start = 0
+        for keys, values in blocks:
+            end, pad = start + keys.shape[0], length - keys.shape[2]
+            for buffer, block in ((layer._key_buffer, keys), (layer._value_buffer, values)):
+                buffer[start:end, :, :pad].zero_()  # never attended to, but must be finite
+                buffer[start:end, :, pad:length] = block
+            start = end
+        layer._set_length(length)
+        return layer
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -82,4 +102,17 @@ def growing_cache(config, spare: int) -> DynamicCache:
     """A `DynamicCache` for ``config`` whose layers are `GrowingLayer` (full-attention models only)."""
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer(spare) for _ in cache.layers]
+    return cache
+
+
+def merged_cache(config, caches: list[DynamicCache], length: int, spare: int) -> DynamicCache:
+    """One cache with the rows of ``caches`` in order, right-aligned to ``length``. Each source layer is
+    released as soon as it is copied, so the sources and the result do not all exist at once; the source
+    caches are empty afterwards."""
+    cache = growing_cache(config, spare)
+    for index in range(len(cache.layers)):
+        sources = [source.layers[index] for source in caches]
+        cache.layers[index] = GrowingLayer.from_rows([(layer.keys, layer.values) for layer in sources], length, spare)
+        for layer in sources:
+            layer.reset()
     return cache
