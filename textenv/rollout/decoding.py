@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from textenv.rollout.kv_cache import growing_cache, merged_cache
+from textenv.rollout.kv_cache import GrowingLayer, growing_cache, merged_cache
 from textenv.rollout.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
 from textenv.rollout.sampling import SamplingSettings
 from textenv.rollout.stopping import FINISH_LENGTH, StopChecker
@@ -208,14 +208,12 @@ class BatchDecoder:
             return cache, attention_mask
         template = next(entry for entry in entries if entry is not None)
         for layer_index, (keys, values) in enumerate(template.layers):
-            heads, _, head_dim = keys.shape
-            batch_keys = keys.new_zeros((len(entries), heads, past, head_dim))
-            batch_values = values.new_zeros((len(entries), heads, past, head_dim))
-            for row, entry in enumerate(entries):
-                if entry is not None:
-                    batch_keys[row, :, past - len(entry) :] = entry.layers[layer_index][0]
-                    batch_values[row, :, past - len(entry) :] = entry.layers[layer_index][1]
-            cache.update(batch_keys, batch_values, layer_index)
+            no_prefix = (keys.new_zeros((1, keys.shape[0], 0, keys.shape[2])), values.new_zeros((1, values.shape[0], 0, values.shape[2])))
+            rows = [
+                no_prefix if entry is None else (entry.layers[layer_index][0][None], entry.layers[layer_index][1][None])
+                for entry in entries
+            ]
+            cache.layers[layer_index] = GrowingLayer.from_rows(rows, past, spare=self.settings.max_new_tokens)
         for row, length in enumerate(lengths):
             attention_mask[row, past - length :] = 1
         return cache, attention_mask
