@@ -117,16 +117,10 @@ class RolloutEngine:
         """
         if len(contexts) == 0:
             return []
-        kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
         batch_size = batch_size or self.batch_size
-        model = unwrap_model(self.model)
-        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
-        fast = settings is not None and supports_fast_decoding(model)
-        stop_ids = self.eos_token_ids if stop_at_eos else set()
-        if fast:
-            stop_ids = stop_ids | settings.eos_token_ids
-        checker = StopChecker(self.tokenizer, list(stop_strings), stop_ids)
-        if fast:
+        model, kwargs, settings = self._decoding_plan(generation_kwargs)
+        checker = self._stop_checker(stop_strings, settings, stop_at_eos)
+        if settings is not None:
             self._prepare_cache(model)
             results = self._decode(model, contexts, settings, checker, batch_size)
         else:
@@ -154,13 +148,11 @@ class RolloutEngine:
             next_context: the episode's reaction to a finished turn (tools, end checks).
             stop_strings, generation_kwargs, batch_size: as for `generate`.
         """
-        kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
-        model = unwrap_model(self.model)
-        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
-        if settings is None or not supports_fast_decoding(model) or len(contexts) == 0:
+        model, _, settings = self._decoding_plan(generation_kwargs)
+        if settings is None or len(contexts) == 0:
             self._run_turns_in_lockstep(contexts, next_context, stop_strings, generation_kwargs, batch_size)
             return
-        checker = StopChecker(self.tokenizer, list(stop_strings), self.eos_token_ids | settings.eos_token_ids)
+        checker = self._stop_checker(stop_strings, settings)
         self._prepare_cache(model)
         decoder = self._decoder(model, settings, checker, batch_size or self.batch_size)
         episode_of_row = list(range(len(contexts)))
@@ -176,6 +168,20 @@ class RolloutEngine:
 
         decoder.decode(contexts, on_finish=on_finish)
         self._end_call()
+
+    def _decoding_plan(self, generation_kwargs: dict | None) -> tuple[Any, dict, SamplingSettings | None]:
+        """The unwrapped model, this call's generation kwargs (merged over the engine's), and the sampling
+        settings when the engine's own loop can decode them (``None``: transformers' `generate` must)."""
+        kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
+        model = unwrap_model(self.model)
+        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
+        return model, kwargs, settings if settings is not None and supports_fast_decoding(model) else None
+
+    def _stop_checker(self, stop_strings: Iterable[str], settings: SamplingSettings | None, stop_at_eos: bool = True) -> StopChecker:
+        stop_ids = self.eos_token_ids if stop_at_eos else set()
+        if settings is not None:
+            stop_ids = stop_ids | settings.eos_token_ids
+        return StopChecker(self.tokenizer, list(stop_strings), stop_ids)
 
     def _run_turns_in_lockstep(self, contexts, next_context, stop_strings, generation_kwargs, batch_size) -> None:
         pending = dict(enumerate(contexts))
