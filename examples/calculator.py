@@ -17,6 +17,7 @@ Statistics go to tensorboard (`tensorboard --logdir runs/calculator`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from textenv import training
@@ -26,48 +27,18 @@ from textenv.tasks import calculator as task
 def build_parser() -> argparse.ArgumentParser:
     defaults = training.Settings(steps=4, eval_tasks=50)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id")
-    parser.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads, 0 = torch default (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
-    parser.add_argument("--mini-batch-size", type=int, default=defaults.mini_batch_size, help="episodes per mini-batch (default: %(default)s)")
-    parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
-    parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
+    training.add_training_arguments(parser, defaults, mini_batch_size=defaults.mini_batch_size)
     parser.add_argument("--adap-kl-ctrl", action=argparse.BooleanOptionalAction, default=defaults.adap_kl_ctrl, help="adaptive KL coefficient (default: %(default)s)")
-    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=defaults.lora, help="train LoRA adapters instead of all weights (default: %(default)s)")
-    parser.add_argument("--lora-rank", type=int, default=defaults.lora_rank, help="(default: %(default)s)")
-    parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
-    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode (default: %(default)s)")
     parser.add_argument("--generation-batch-size", type=int, default=defaults.generation_batch_size, help="episodes generated together (default: %(default)s)")
     parser.add_argument("--eval-tasks", type=int, default=defaults.eval_tasks, help="held-out tasks evaluated (sampled) after training, 0 = none (default: %(default)s)")
-    parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
-    parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> training.Settings:
-    return training.Settings(
-        model=args.model,
-        device=args.device,
-        threads=args.threads,
-        seed=args.seed,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        mini_batch_size=args.mini_batch_size,
-        ppo_epochs=args.ppo_epochs,
-        learning_rate=args.lr,
-        init_kl_coef=args.init_kl_coef,
+    """The shared options' `Settings` plus this example's own (KL control, generation batch, evaluation)."""
+    return dataclasses.replace(
+        training.settings_from_args(args),
         adap_kl_ctrl=args.adap_kl_ctrl,
-        lora=args.lora,
-        lora_rank=args.lora_rank,
-        lora_layers=args.lora_layers,
-        max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns,
         generation_batch_size=args.generation_batch_size,
         eval_tasks=args.eval_tasks,
     )

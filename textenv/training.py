@@ -118,10 +118,11 @@ class StepLog:
 
 
 # --------------------------------------------------------------------------------------------- set-up
-def add_training_arguments(parser, defaults: Settings) -> None:
+def add_training_arguments(parser, defaults: Settings, mini_batch_size: int | None = None) -> None:
     """Add the options every tool-learning example shares (model, device, PPO sizes, LoRA, turns,
     logging) to an `argparse` parser, with `defaults` as their defaults; read them back with
-    `settings_from_args`."""
+    `settings_from_args`. ``mini_batch_size``: the default of ``--mini-batch-size`` (``None``: the batch
+    size)."""
     import argparse
 
     parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
@@ -130,7 +131,8 @@ def add_training_arguments(parser, defaults: Settings) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
-    parser.add_argument("--mini-batch-size", type=int, default=None, help="episodes per mini-batch (default: the batch size)")
+    mini_batch_help = "(default: %(default)s)" if mini_batch_size is not None else "(default: the batch size)"
+    parser.add_argument("--mini-batch-size", type=int, default=mini_batch_size, help=f"episodes per mini-batch {mini_batch_help}")
     parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s, as in the legacy example)")
     parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
     parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
