@@ -31,9 +31,11 @@ def test_kl_penalty_vectors(kind, expected):
     torch.testing.assert_close(core.kl_penalty(LOGPROBS, REF_LOGPROBS, kind), torch.tensor(expected))
 
 
-def test_kl_penalty_rejects_unknown_and_full():
-    with pytest.raises(ValueError, match="full_kl_penalty"):
-        core.kl_penalty(LOGPROBS, REF_LOGPROBS, "full")
+def test_kl_penalty_full_on_log_probabilities_and_unknown_kind():
+    p = torch.log(torch.tensor([[0.49, 0.02, 0.49], [0.49, 0.02, 0.49]]))
+    ref = torch.log(torch.tensor([[0.01, 0.98, 0.01], [0.49, 0.02, 0.49]]))
+    torch.testing.assert_close(core.kl_penalty(p, ref, "full"), torch.tensor([3.7361, 0.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(core.kl_penalty(p, ref, "full"), core.full_kl_penalty(p, ref))
     with pytest.raises(ValueError, match="Unknown kl_penalty"):
         core.kl_penalty(LOGPROBS, REF_LOGPROBS, "kld")
 

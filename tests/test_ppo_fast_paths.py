@@ -3,6 +3,7 @@ prefix, the optimizer step fused into backward, the sparse tied-embedding gradie
 memory-mapped reference model."""
 
 import copy
+import functools
 import gc
 import os
 import warnings
@@ -161,13 +162,17 @@ def test_shared_prefix_step_equals_full_rows(attn_implementation):
     assert (3, padded_len) in shapes and (1, packed_len) in shapes  # both layouts really ran
 
 
-def test_shared_prefix_with_full_kl_penalty():
-    assert_same_step(step_results(share_prompt_prefix=False, kl_penalty="full"), step_results(share_prompt_prefix=True, kl_penalty="full"))
+def test_full_kl_penalty_takes_the_full_logit_passes():
+    """kl_penalty="full" needs every position's distribution: `step` runs `batched_forward_pass` with logits, and
+    the summed KL over the vocabulary is never negative (the sampled-token estimate "kl" can be)."""
+    trainer, stats, _ = step_results(kl_penalty="full")
+    assert trainer._runs_legacy_forward()
+    assert stats["objective/kl"] >= 0 and all(value >= -1e-6 for value in stats["objective/kl_dist"])
 
 
 def test_shared_prefix_and_step_in_backward_with_gradient_checkpointing():
     plain = step_results(share_prompt_prefix=False, step_in_backward=False)
-    checkpointed = step_results(gradient_checkpointing=True)
+    checkpointed = step_results(gradient_checkpointing=True, step_in_backward=True)
     assert checkpointed[0].step_in_backward is not None
     assert_same_step(plain, checkpointed)
 
@@ -191,11 +196,16 @@ def test_shared_prefix_on_peft_model_with_disabled_adapter_reference():
 # ------------------------------------------------------------------------------------------------
 # optimizer: fused Adam, step fused into backward
 # ------------------------------------------------------------------------------------------------
-def test_default_optimizer_is_fused_adam_stepped_in_backward():
+def test_default_optimizer_is_fused_adam_and_leaves_gradients_as_legacy():
+    """step_in_backward is opt-in: by default every trainable parameter has a `.grad` after `step` (legacy code
+    and tests inspect them), here with zero_grad keeping the tensors as legacy TRL's tests do."""
     trainer = make_trainer()
     assert isinstance(trainer.optimizer.optimizer, torch.optim.Adam)
     assert trainer.optimizer.optimizer.defaults["fused"] is True
-    assert trainer.step_in_backward is not None
+    assert trainer.step_in_backward is None
+    trainer.optimizer.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=False)
+    trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert all(p.grad is not None for p in trainer.trainable_params)
 
 
 def test_step_in_backward_equals_step_after_backward():
@@ -210,7 +220,7 @@ def test_step_in_backward_equals_step_after_backward():
 
 
 def test_early_stopping_with_step_in_backward():
-    trainer = make_trainer(early_stopping=True, target_kl=-100.0, ppo_epochs=4)
+    trainer = make_trainer(early_stopping=True, target_kl=-100.0, ppo_epochs=4, step_in_backward=True)
     trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
     states = trainer.optimizer.optimizer.state
     assert all(int(states[p]["step"]) == 1 for p in trainer.trainable_params)  # stopped after the first epoch
@@ -225,11 +235,11 @@ def test_step_in_backward_off_when_all_gradients_are_needed(setting):
     if setting.get("optimizer") == "sgd":
         model = make_model()
         setting = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
-    assert make_trainer(**setting).step_in_backward is None
+    assert make_trainer(step_in_backward=True, **setting).step_in_backward is None
 
 
 def test_step_in_backward_hooks_do_nothing_outside_step():
-    trainer = make_trainer()
+    trainer = make_trainer(step_in_backward=True)
     before = flat_weights(trainer.model)
     logits, _, values = trainer.model(input_ids=QUERIES[0][None])
     (logits.mean() + values.mean()).backward()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from textenv.ppo.batch import pack_batch
 from textenv.testing import tiny_causal_lm
 
 EXPECTED_STATS = [
@@ -52,6 +53,12 @@ def make_trainer(model=None, tokenizer=None, **config_kwargs):
 
 def batch(n=2):
     return [QUERY.clone() for _ in range(n)], [RESPONSE.clone() for _ in range(n)], [torch.tensor(1.0) for _ in range(n)]
+
+
+def packed_batch(trainer, queries, responses, masks=None):
+    """The trainer's padded inputs with each response's span and mask (what the windowed forward passes take)."""
+    inputs = trainer.prepare_model_inputs(queries, responses)
+    return pack_batch(queries, responses, masks, inputs["input_ids"], inputs["attention_mask"])
 
 
 def record_gradients(model):
@@ -258,11 +265,12 @@ def test_tool_token_logprobs_get_no_gradient():
     trainer = make_trainer(batch_size=1, mini_batch_size=1)
     queries, responses, scores = batch(1)
     mask = torch.tensor([1, 1, 0, 0, 0, 1, 1], dtype=torch.float)
-    packed = trainer.prepare_model_inputs(queries, responses, [mask])
+    packed = packed_batch(trainer, queries, responses, [mask])
     with torch.no_grad():
-        old_logprobs, _, old_values, kls = trainer._rollout_forward(packed)
+        old_logprobs, ref_logprobs, old_values = trainer._windowed_rollout_forward(packed)
     from textenv.ppo import core
 
+    kls = old_logprobs - ref_logprobs
     rewards, _ = core.compute_rewards(torch.tensor([1.0]), kls, packed.masks, 0.2)
     values, advantages, returns = core.compute_advantages(old_values, rewards, packed.masks)
     logits, vpreds, window = trainer._forward_window(trainer.model, packed)
@@ -287,17 +295,17 @@ def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenize
     results = []
     for mini_batch_size in (1, 3):
         trainer = make_trainer(tokenizer=tokenizer, batch_size=3, mini_batch_size=mini_batch_size)
-        packed = trainer.prepare_model_inputs(queries, responses, masks)
+        packed = packed_batch(trainer, queries, responses, masks)
         with torch.no_grad():
-            outputs = trainer._rollout_forward(packed)
+            outputs = trainer._windowed_rollout_forward(packed)
         results.append((packed.masks, outputs))
     # a different padding: every row on its own (no padding at all)
     trainer = make_trainer(tokenizer=tokenizer, batch_size=1, mini_batch_size=1)
     single = []
     for q, r, m in zip(queries, responses, masks):
-        packed = trainer.prepare_model_inputs([q], [r], [m])
+        packed = packed_batch(trainer, [q], [r], [m])
         with torch.no_grad():
-            logprobs, _, values, _ = trainer._rollout_forward(packed)
+            logprobs, _, values = trainer._windowed_rollout_forward(packed)
         single.append((logprobs[0][packed.masks[0].bool()], values[0][packed.masks[0].bool()]))
 
     (mask_a, out_a), (mask_b, out_b) = results
@@ -323,8 +331,7 @@ def test_left_padding_collator_gives_the_same_stats(tokenizer):
         warnings.filterwarnings("ignore", message="No dataset is provided")
         trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1, seed=42, ppo_epochs=1), make_model(),
                              tokenizer=left, training_data_collator=DataCollatorWithPadding(left))
-    packed = trainer.prepare_model_inputs(queries, responses)
-    assert packed.attention_mask[0, 0] == 0  # really left-padded
+    assert trainer.prepare_model_inputs(queries, responses)["attention_mask"][0, 0] == 0  # really left-padded
     left_stats = trainer.step(queries, responses, scores)
     for key in ("ppo/loss/total", "objective/entropy", "ppo/val/vpred"):
         assert left_stats[key] == pytest.approx(right_stats[key], rel=1e-3, abs=1e-5), key

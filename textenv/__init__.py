@@ -29,6 +29,10 @@ _PUBLIC_NAMES = {
     "PPOTrainer": "textenv.ppo",
     "AutoModelForCausalLMWithValueHead": "textenv.ppo",
     "create_reference_model": "textenv.ppo",
+    "set_seed": "textenv.ppo",
+    "LengthSampler": "textenv.ppo",
+    "AdaptiveKLController": "textenv.ppo",
+    "FixedKLController": "textenv.ppo",
     # Gym
     "Env": "textenv.gym",
     "ContextManager": "textenv.gym",

@@ -7,7 +7,9 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from textenv.ppo.utils import flatten_dict
 
 KL_PENALTIES = ("kl", "abs", "mse", "full")
 
@@ -15,23 +17,6 @@ KL_PENALTIES = ("kl", "abs", "mse", "full")
 def _script_name() -> str:
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "textenv"
     return name[: -len(".py")] if name.endswith(".py") else name
-
-
-def flatten_dict(nested: dict, sep: str = "/") -> dict:
-    """Flatten nested dictionaries into one level, joining keys with `sep` (``{"a": {"b": 1}}`` ->
-    ``{"a/b": 1}``)."""
-    flat: dict = {}
-
-    def _walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value:
-            for key, inner in value.items():
-                _walk(f"{prefix}{sep}{key}" if prefix else str(key), inner)
-        else:
-            flat[prefix] = value
-
-    for key, value in nested.items():
-        _walk(str(key), value)
-    return flat
 
 
 @dataclass
@@ -45,10 +30,11 @@ class PPOConfig:
     ``share_prompt_prefix`` (textenv only, default True): rows of a mini-batch that start with the same
     prompt are packed into one sequence so the prompt runs through the model once, forward and backward
     (same losses to float rounding; see `textenv.ppo.shared_prefix`). Set it to False to run every row in
-    full, as legacy TRL did. ``step_in_backward`` (textenv only, default True): with the trainer's own
-    optimizer on one process and no ``max_grad_norm`` or gradient accumulation, each parameter is updated as
-    soon as backward completes its gradient, so the gradients of the whole model never exist at once (same
-    update; see `textenv.ppo.step_in_backward`). ``offload_reference`` (textenv only): keep the reference
+    full, as legacy TRL did. ``step_in_backward`` (textenv only, opt-in, default False): with the trainer's
+    own optimizer on one process and no ``max_grad_norm`` or gradient accumulation, each parameter is updated
+    as soon as backward completes its gradient, so the gradients of the whole model never exist at once (same
+    update, less peak memory; see `textenv.ppo.step_in_backward`). A user can tell: after ``step`` the
+    parameters have no ``.grad``, which legacy code and tests inspect, hence opt-in. ``offload_reference`` (textenv only): keep the reference
     copy the trainer makes in a snapshot file, memory-mapped only during its forward pass (same outputs; see
     `textenv.ppo.offloaded_reference`); ``None`` (default) does so on CPU for models of 256 MiB or more.
 
@@ -108,7 +94,7 @@ class PPOConfig:
     gradient_checkpointing: bool = False
     # --- textenv addition ---------------------------------------------------------------------------
     share_prompt_prefix: bool = True
-    step_in_backward: bool = True
+    step_in_backward: bool = False
     offload_reference: bool | None = None
     # --- filled in by __post_init__ / the trainer ---------------------------------------------------
     is_encoder_decoder: bool | None = None
@@ -145,7 +131,8 @@ class PPOConfig:
         self.total_ppo_epochs = int(math.ceil(self.steps / self.batch_size))
 
     def to_dict(self) -> dict:
-        """All fields as one flat dictionary (nested dictionaries joined with ``"/"``)."""
+        """All fields as one flat dictionary (nested dictionaries joined with ``"/"``; empty ones left out, as
+        legacy TRL did)."""
         return flatten_dict(asdict(self))
 
     def to_json_string(self) -> str:

@@ -15,6 +15,36 @@ import torch.nn.functional as F
 
 WHITEN_EPS = 1e-8
 
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "LengthSampler",
+    "RunningMoments",
+    "add_suffix",
+    "clip_by_value",
+    "compute_advantages",
+    "compute_rewards",
+    "convert_to_scalar",
+    "entropy_from_logits",
+    "flatten_dict",
+    "full_kl_penalty",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "pad_to_size",
+    "ppo_loss",
+    "ppo_losses",
+    "respond_to_batch",
+    "selective_logprobs",
+    "set_seed",
+    "stack_dicts",
+    "stats_to_np",
+    "top_k_top_p_filtering",
+    "whiten",
+]
+
 
 # --------------------------------------------------------------------------------------------------
 # log-probabilities and entropy
@@ -45,16 +75,40 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor | None, gather: bool = True) -> torch.Tensor:
+    """``log_softmax`` over the vocabulary of `[B, T, V]` logits; with ``gather`` the log-probability of each
+    label `[B, T]`, else the full `[B, T, V]` log-probabilities."""
+    logp = F.log_softmax(logits, dim=2)
+    if not gather:
+        return logp
+    return torch.gather(logp, 2, labels.unsqueeze(2)).squeeze(-1)
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
+    """Element-wise ``min(max(x, tensor_min), tensor_max)`` with tensor bounds."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def whiten(values: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Standardise with the mean and unbiased variance of all entries; ``shift_mean=False`` adds the mean back."""
+    mean, var = torch.mean(values), torch.var(values)
+    whitened = (values - mean) * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
 # --------------------------------------------------------------------------------------------------
 # KL penalties
 # --------------------------------------------------------------------------------------------------
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "kl") -> torch.Tensor:
-    """Per-token KL estimate between the policy and the reference from the sampled tokens' logprobs.
+    """Per-token KL estimate between the policy and the reference.
 
     Args:
-        logprob, ref_logprob: `[B, T]` log-probabilities of the sampled tokens.
-        kind: ``"kl"`` (``lp - ref``), ``"abs"`` (``|lp - ref|``) or ``"mse"`` (``0.5 (lp - ref)^2``).
-            ``"full"`` needs logits: use [`full_kl_penalty`].
+        logprob, ref_logprob: `[..., T]` log-probabilities of the sampled tokens, or for ``"full"`` `[..., T, V]`
+            log-probabilities over the whole vocabulary.
+        kind: ``"kl"`` (``lp - ref``), ``"abs"`` (``|lp - ref|``), ``"mse"`` (``0.5 (lp - ref)^2``) or ``"full"``
+            (``sum_v exp(lp) (lp - ref)`` over the vocabulary; for raw logits use [`full_kl_penalty`]).
     """
     if kind == "kl":
         return logprob - ref_logprob
@@ -63,7 +117,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str = "kl
     if kind == "mse":
         return 0.5 * (logprob - ref_logprob).square()
     if kind == "full":
-        raise ValueError("kl_penalty='full' needs the logits of both models: call full_kl_penalty(logits, ref_logits)")
+        return F.kl_div(ref_logprob, logprob, log_target=True, reduction="none").sum(-1)
     raise ValueError(f"Unknown kl_penalty {kind!r}; expected 'kl', 'abs', 'mse' or 'full'")
 
 
@@ -214,7 +268,7 @@ def clipped_policy_loss(
     return loss, clipfrac
 
 
-def ppo_loss(
+def ppo_losses(
     old_logprobs: torch.Tensor,
     old_values: torch.Tensor,
     logprobs: torch.Tensor,
@@ -235,9 +289,9 @@ def ppo_loss(
     (the batch is skipped but backward still runs).
 
     Returns:
-        `(loss, stats, skipped)`: ``loss = pg_loss + vf_coef * vf_loss``; ``stats`` holds the legacy train
-        statistics (``loss/value`` is the unscaled value loss); ``skipped`` tells whether the ratio threshold
-        was hit.
+        `(pg_loss, scaled_vf_loss, stats, skipped)`, as legacy ``PPOTrainer.loss``: the policy loss, ``vf_coef *
+        vf_loss``, the legacy train statistics (``loss/value`` is the unscaled value loss, ``loss/total`` the sum)
+        and whether the ratio threshold was hit.
     """
     vf_loss, vf_clipfrac = clipped_value_loss(vpreds, old_values, returns, mask, cliprange_value)
     ratio = torch.exp(logprobs - old_logprobs)  # [mb, T]
@@ -268,91 +322,30 @@ def ppo_loss(
             "val/mean": masked_mean(old_values, mask),
             "val/var": masked_var(old_values, mask),
         }
-    return loss, stats, skipped
+    return pg_loss, vf_coef * vf_loss, stats, skipped
+
+
+
+
+def ppo_loss(*args, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
+    """[`ppo_losses`] with the two losses summed: `(pg_loss + vf_coef * vf_loss, stats, skipped)`."""
+    pg_loss, scaled_vf_loss, stats, skipped = ppo_losses(*args, **kwargs)
+    return pg_loss + scaled_vf_loss, stats, skipped
 
 
 # --------------------------------------------------------------------------------------------------
-# KL controllers and running score statistics
+# legacy names that lived in ``trl.core`` / ``trl.trainer.utils``
 # --------------------------------------------------------------------------------------------------
-class AdaptiveKLController:
-    """Adaptive KL coefficient (Ziegler et al. 2019): ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) *
-    n_steps / horizon``."""
-
-    def __init__(self, init_kl_coef: float, target: float, horizon: float):
-        self.value = float(init_kl_coef)
-        self.target = float(target)
-        self.horizon = float(horizon)
-
-    def update(self, current: float, n_steps: int) -> None:
-        proportional_error = float(np.clip(float(current) / self.target - 1.0, -0.2, 0.2))
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
-
-    def state_dict(self) -> dict:
-        return {"value": self.value, "target": self.target, "horizon": self.horizon}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), float(state["horizon"])
-
-
-class FixedKLController:
-    """Constant KL coefficient."""
-
-    def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
-
-    def update(self, current: float, n_steps: int) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
-
-
-class RunningMoments:
-    """Running mean and standard deviation of scores (parallel-variance update), aggregated across processes
-    when an ``accelerator`` with several processes is given."""
-
-    def __init__(self, accelerator=None):
-        self.accelerator = accelerator
-        self.mean = 0.0
-        self.std = 1.0
-        self.var = 1.0
-        self.count = 1e-24
-
-    @torch.no_grad()
-    def update(self, xs: torch.Tensor) -> tuple[float, float]:
-        """Fold a batch into the running statistics; returns the batch's `(mean, unbiased std)`."""
-        xs = xs.float()
-        if self.accelerator is not None and self.accelerator.num_processes > 1:
-            xs_mean, xs_var, xs_count = global_mean_var(self.accelerator, xs)
-        else:
-            xs_count = xs.numel()
-            xs_var, xs_mean = torch.var_mean(xs, unbiased=False)
-        delta = xs_mean - self.mean
-        total_count = self.count + xs_count
-        new_sum = xs_var * xs_count
-        old_sum = self.var * self.count + delta**2 * self.count * xs_count / total_count
-        new_var = (old_sum + new_sum) / total_count
-        self.mean += (delta * xs_count / total_count).item()
-        self.std = (new_var * total_count / (total_count - 1)).sqrt().item()
-        self.var = new_var.item()
-        self.count = float(total_count)
-        return xs_mean.item(), (xs_var * xs_count / (xs_count - 1)).sqrt().item()
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "std": self.std, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.std, self.var, self.count = (float(state[k]) for k in ("mean", "std", "var", "count"))
-
-
-def global_mean_var(accelerator, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Mean, biased variance and element count of ``xs`` over all processes."""
-    sum_and_count = torch.tensor([xs.sum(), xs.numel()], dtype=torch.float64, device=xs.device)
-    sum_and_count = accelerator.reduce(sum_and_count, reduction="sum")
-    total, count = sum_and_count
-    mean = (total / count).float()
-    squared = accelerator.reduce(((xs - mean) ** 2).sum().double().reshape(1), reduction="sum")
-    return mean, (squared[0] / count).float(), count.item()
+from textenv.ppo.kl_control import AdaptiveKLController, FixedKLController, RunningMoments  # noqa: E402,F401
+from textenv.ppo.utils import (  # noqa: E402,F401
+    LengthSampler,
+    add_suffix,
+    convert_to_scalar,
+    flatten_dict,
+    pad_to_size,
+    respond_to_batch,
+    set_seed,
+    stack_dicts,
+    stats_to_np,
+    top_k_top_p_filtering,
+)

@@ -9,10 +9,10 @@ from typing import Sequence
 import torch
 
 
-def _check_list(name: str, values, batch_size: int) -> None:
+def _check_list(name: str, values, batch_size: int | None) -> None:
     if not isinstance(values, (list, tuple)):
         raise ValueError(f"`{name}` must be a list of length batch_size={batch_size}, got {type(values).__name__}")
-    if len(values) != batch_size:
+    if batch_size is not None and len(values) != batch_size:
         raise ValueError(
             f"`{name}` has {len(values)} elements but config.batch_size is {batch_size}; the batch size must "
             "match (set PPOConfig(batch_size=...) accordingly)"
@@ -83,7 +83,7 @@ def check_step_inputs(
     responses: Sequence,
     scores: Sequence,
     response_masks: Sequence | None,
-    batch_size: int,
+    batch_size: int | None,
     vocab_size: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[torch.Tensor] | None]:
     """Validate and normalise the inputs of `PPOTrainer.step`.

@@ -1,102 +1,76 @@
 """PPOTrainer: the legacy step-based PPO loop (``step(queries, responses, scores, masks)``) on accelerate.
 
-The math is legacy TRL's (v0.11.4); the computation is leaner: one forward pass gives policy logprobs and
-values, the LM head only runs on the response positions of each mini-batch, logprobs are gathered without a
-full log-softmax, and full logits exist only briefly (per mini-batch) for ``kl_penalty="full"``. Rows that
-share a prompt run it once (`shared_prefix`), the default Adam is fused and steps each parameter during
-backward (`step_in_backward`), and on CPU the reference copy lives in a memory-mapped file
-(`offloaded_reference`).
+`step` runs legacy TRL's (v0.11.4) algorithm and calls its overridable methods: ``_step_safety_checker``,
+``prepare_model_inputs``, ``batched_forward_pass``, ``compute_rewards`` (-> ``_kl_penalty``),
+``compute_advantages``, ``train_minibatch`` (-> ``loss``), ``_early_stop`` and ``record_step_stats``. When a
+subclass keeps the forward-pass methods as they are (``batched_forward_pass``, ``train_minibatch``, ``loss``),
+`step` computes the same values on the faster path of `textenv.ppo.windowed_forward` (LM head on the response
+window, shared prompts packed). The optimizer is a fused Adam where torch has one; on CPU the reference copy lives
+in a memory-mapped file (`offloaded_reference`); ``PPOConfig.step_in_backward`` (opt-in) steps each parameter
+during backward.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
+import math
 import time
 import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from textenv.ppo import core, shared_prefix
-from textenv.ppo.batch import PackedBatch, pack_batch, right_pad
+from textenv.ppo import core
+from textenv.ppo.batch import left_pad, pack_batch, right_pad
 from textenv.ppo.config import PPOConfig
+from textenv.ppo.generation import PPOGenerationMixin
 from textenv.ppo.inputs import check_step_inputs
-from textenv.ppo.offloaded_reference import OffloadedReference, should_offload
-from textenv.ppo.shared_prefix import PrefixPacking
+from textenv.ppo.kl_control import AdaptiveKLController, FixedKLController, RunningMoments
+from textenv.ppo.offloaded_reference import OffloadedReference
 from textenv.ppo.step_in_backward import StepInBackward
-from textenv.ppo.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
+from textenv.ppo.step_stats import StepStatisticsMixin, stack_train_stats
+from textenv.ppo.trainer_setup import (
+    build_reference,
+    check_constructor_args,
+    default_optimizer,
+    empty_device_cache,
+    launched_on_cpu_only,
+    pad_token_id,
+    prepare_reference,
+)
+from textenv.ppo.utils import convert_to_scalar, stats_to_np
+from textenv.ppo.windowed_forward import WindowedForwardMixin
 
-WANDB_PADDING = -1
-FUSED_ADAM_DEVICES = ("cpu", "cuda")
-
-
-def empty_device_cache() -> None:
-    """``gc.collect()`` and release cached accelerator memory."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    elif hasattr(torch, "xpu") and torch.xpu.is_available():
-        torch.xpu.empty_cache()
-    elif torch.backends.mps.is_available():
-        torch.mps.empty_cache()
-
-
-def default_optimizer(params: list[nn.Parameter], learning_rate: float) -> torch.optim.Adam:
-    """Adam, as legacy TRL, with the fused kernel where it exists: one pass over each parameter and its two
-    moments instead of about ten (6x faster on CPU for the bundled model; same update to float rounding)."""
-    fused = all(param.device.type in FUSED_ADAM_DEVICES and param.is_floating_point() for param in params)
-    return torch.optim.Adam(params, lr=learning_rate, fused=fused or None)
+# Methods whose override makes `step` run the legacy forward passes (they see full-width logits).
+FORWARD_HOOKS = ("batched_forward_pass", "train_minibatch", "loss")
 
 
-def stack_train_stats(all_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack per-mini-batch statistics: scalars -> `[n]`; tensors are flattened and padded with -1."""
-    stacked = {}
-    for key in all_stats[0]:
-        rows = [stats[key].flatten() for stats in all_stats]
-        stacked[key] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=WANDB_PADDING)
-    for key in ("policy/advantages", "policy/ratio"):
-        stacked[key] = torch.nan_to_num(stacked[key].flatten().unsqueeze(0), WANDB_PADDING)
-    return stacked
-
-
-def _to_python(value):
-    if isinstance(value, torch.Tensor):
-        value = value.detach().float().cpu().numpy() if value.dtype == torch.bfloat16 else value.detach().cpu().numpy()
-    if isinstance(value, np.ndarray) and value.size == 1:
-        return value.item()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-class PPOTrainer:
+class PPOTrainer(WindowedForwardMixin, StepStatisticsMixin, PPOGenerationMixin):
     """Proximal Policy Optimisation on given (query, response, score) triples, one ``step`` at a time.
 
     Args:
         config: a [`PPOConfig`].
-        model: the policy, an [`AutoModelForCausalLMWithValueHead`].
+        model: the policy, an [`AutoModelForCausalLMWithValueHead`] or [`AutoModelForSeq2SeqLMWithValueHead`].
         ref_model: frozen reference for the KL penalty. ``None``: a copy of ``model`` (sharing the lower
             ``num_shared_layers`` layers), or, for a PEFT model, the same model with its adapters disabled.
             The copy is an [`OffloadedReference`] (weights in a memory-mapped snapshot file, see
             ``PPOConfig.offload_reference``) on CPU for models of 256 MiB or more.
-        tokenizer: the tokenizer (needed for `generate` and to save it alongside the model).
+        tokenizer: the tokenizer (padding side and pad token of the PPO batches; `generate`; saved with the model).
         dataset: optional torch or 🤗 dataset; ``self.dataloader`` then yields batches of ``batch_size``.
         optimizer: default ``Adam(trainable parameters, lr=config.learning_rate)`` (fused where torch has it).
         data_collator: collate function of the dataloader.
         num_shared_layers: freeze the embeddings and this many lower layers and share them with the reference.
         lr_scheduler: a ``torch.optim.lr_scheduler.LRScheduler``, stepped once per ``step``.
         training_data_collator: pads query+response rows (must return ``input_ids`` and ``attention_mask``);
-            default: right padding with the tokenizer's pad token.
+            default: padding with the tokenizer's pad token on the tokenizer's padding side.
     """
 
     def __init__(
         self,
         config: PPOConfig | None = None,
-        model: AutoModelForCausalLMWithValueHead | None = None,
+        model: nn.Module | None = None,
         ref_model: nn.Module | None = None,
         tokenizer=None,
         dataset=None,
@@ -110,12 +84,12 @@ class PPOTrainer:
         from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 
         config = config if config is not None else PPOConfig()
-        self._check_constructor_args(config, model, tokenizer, dataset, lr_scheduler)
+        check_constructor_args(config, model, tokenizer, dataset, lr_scheduler)
         self.config = config
         set_seed(config.seed)
 
         accelerator_kwargs = dict(config.accelerator_kwargs)
-        if _launched_on_cpu_only():
+        if launched_on_cpu_only():
             # accelerate treats a torchrun/mpirun launch on a machine without accelerators as a single process
             # unless told to use the CPU; say it, so the processes really train together (gloo).
             accelerator_kwargs.setdefault("cpu", True)
@@ -133,14 +107,14 @@ class PPOTrainer:
         self.is_distributed = self.accelerator.num_processes > 1
         self.is_peft_model = model.is_peft_model
         config.is_peft_model = self.is_peft_model
-        config.is_encoder_decoder = False
-        self.is_encoder_decoder = False
+        self.is_encoder_decoder = hasattr(model, "is_encoder_decoder")  # legacy: only the seq2seq wrapper has it
+        config.is_encoder_decoder = self.is_encoder_decoder
         self.tokenizer = tokenizer
-        self.pad_token_id = self._pad_token_id(tokenizer, model)
+        self.pad_token_id = pad_token_id(tokenizer, model)
 
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.ref_model = self._build_reference(model, ref_model, num_shared_layers)
+        self.ref_model = build_reference(self, model, ref_model, num_shared_layers)
         self.num_shared_layers = num_shared_layers
 
         self.dataset = dataset
@@ -167,59 +141,20 @@ class PPOTrainer:
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
         self.step_in_backward = self._make_step_in_backward(owns_optimizer)
         if self.ref_model is not None:
-            self.ref_model = self._prepare_reference(self.ref_model)
+            self.ref_model = prepare_reference(self.accelerator, self.ref_model)
         self.current_device = self.accelerator.device
 
         if config.adap_kl_ctrl:
-            self.kl_ctl = core.AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
+            self.kl_ctl = AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
         else:
-            self.kl_ctl = core.FixedKLController(config.init_kl_coef)
-        self.running = core.RunningMoments(self.accelerator)
+            self.kl_ctl = FixedKLController(config.init_kl_coef)
+        self.running = RunningMoments(self.accelerator)
         self.current_step = 0
         self.highest_reward = torch.tensor(-float("inf"))
         if config.push_to_hub_if_best_kwargs and "repo_id" not in config.push_to_hub_if_best_kwargs:
             raise ValueError("You have to specify repo_id in order to push the model to the hub!")
         if config.log_with is not None:
             self._init_trackers()
-
-    # ---------------------------------------------------------------------------------------------
-    # construction helpers
-    # ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def _check_constructor_args(config, model, tokenizer, dataset, lr_scheduler) -> None:
-        from transformers import PreTrainedTokenizerBase
-
-        if not isinstance(config, PPOConfig):
-            raise ValueError(f"config must be a PPOConfig, got {type(config).__name__}")
-        if not isinstance(model, AutoModelForCausalLMWithValueHead):
-            raise ValueError(
-                f"model must be an AutoModelForCausalLMWithValueHead, got {type(model).__name__}; wrap a causal LM "
-                "with AutoModelForCausalLMWithValueHead(model) or load it with .from_pretrained(...)"
-            )
-        if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerBase):
-            raise ValueError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
-        if dataset is not None and not isinstance(dataset, torch.utils.data.Dataset):
-            try:
-                import datasets
-
-                ok = isinstance(dataset, datasets.Dataset)
-            except ImportError:
-                ok = False
-            if not ok:
-                raise ValueError(f"dataset must be a torch.utils.data.Dataset or datasets.Dataset, got {type(dataset).__name__}")
-        if lr_scheduler is not None and not isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
-            raise ValueError("lr_scheduler must be a torch.optim.lr_scheduler.LRScheduler")
-
-    @staticmethod
-    def _pad_token_id(tokenizer, model) -> int:
-        for candidate in (
-            getattr(tokenizer, "pad_token_id", None),
-            getattr(tokenizer, "eos_token_id", None),
-            getattr(model.config, "pad_token_id", None),
-        ):
-            if isinstance(candidate, int):
-                return candidate
-        return 0
 
     def _configure_deepspeed(self) -> None:
         # DeepSpeed needs the micro batch size up front; PPO has no dataloader to infer it from.
@@ -231,30 +166,6 @@ class PPOTrainer:
             ds_config["train_micro_batch_size_per_gpu"] = self.config.mini_batch_size
         if ds_config.get("gradient_accumulation_steps", "auto") == "auto":
             ds_config["gradient_accumulation_steps"] = self.config.gradient_accumulation_steps
-
-    def _build_reference(self, model, ref_model, num_shared_layers):
-        if self.config.offload_reference and (ref_model is not None or num_shared_layers is not None or self.is_peft_model):
-            raise ValueError(
-                "offload_reference=True only applies when the trainer copies the model for the reference; it "
-                "cannot be combined with ref_model, num_shared_layers or a PEFT model (leave it None)"
-            )
-        if ref_model is not None:
-            if num_shared_layers is not None:
-                warnings.warn(
-                    "num_shared_layers is ignored when ref_model is given; pass only one of them.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            if not isinstance(ref_model, AutoModelForCausalLMWithValueHead):
-                ref_model = AutoModelForCausalLMWithValueHead(ref_model)
-            for param in ref_model.parameters():
-                param.requires_grad_(False)
-            return ref_model.eval()
-        if self.is_peft_model:
-            return None  # the reference is the same model with its adapters disabled
-        if num_shared_layers is None and should_offload(self.config.offload_reference, model, self.accelerator.device):
-            return OffloadedReference(model, self.accelerator.device)
-        return create_reference_model(model, num_shared_layers=num_shared_layers)
 
     def _make_step_in_backward(self, owns_optimizer: bool) -> StepInBackward | None:
         """Fuse the optimizer step into backward (see `textenv.ppo.step_in_backward`) when nothing needs all
@@ -271,21 +182,6 @@ class PPOTrainer:
         )
         return StepInBackward(self.optimizer.optimizer, self.trainable_params) if fusable else None
 
-    def _prepare_reference(self, ref_model):
-        if isinstance(ref_model, OffloadedReference):
-            return ref_model  # loaded onto its device at each use
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is not None and plugin.zero_stage == 3:
-            import deepspeed
-
-            ds_config = dict(plugin.deepspeed_config)
-            ds_config.pop("optimizer", None)
-            ds_config.pop("scheduler", None)
-            engine, *_ = deepspeed.initialize(model=ref_model, config=ds_config)
-            engine.eval()
-            return engine
-        return ref_model.to(self.accelerator.device)
-
     def _init_trackers(self) -> None:
         if self.config.log_with == "tensorboard":
             hparams = {
@@ -296,6 +192,22 @@ class PPOTrainer:
             tracker_config = {"trl_ppo_trainer_config": self.config.to_dict()}
         self.accelerator.init_trackers(
             self.config.tracker_project_name, config=tracker_config, init_kwargs=self.config.tracker_kwargs
+        )
+
+    def prepare_dataloader(self, dataset, data_collator=None) -> torch.utils.data.DataLoader:
+        """A shuffling, last-batch-dropping DataLoader of ``config.batch_size``; 🤗 datasets lose the columns
+        the model does not take (unless ``remove_unused_columns=False``)."""
+        try:
+            import datasets
+
+            if isinstance(dataset, datasets.Dataset) and self.config.remove_unused_columns:
+                keep = {"input_ids", "attention_mask", "label", "query", "response"}
+                unused = [c for c in dataset.column_names if c not in keep]
+                dataset = dataset.remove_columns(unused) if unused else dataset
+        except ImportError:
+            pass
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=self.config.batch_size, collate_fn=data_collator, shuffle=True, drop_last=True
         )
 
     def prepare_dataloader(self, dataset, data_collator=None) -> torch.utils.data.DataLoader:
@@ -334,75 +246,100 @@ class PPOTrainer:
                 0 = ignored (tool output). Masked positions have no effect on the loss.
 
         Returns:
-            The statistics of spec §3.7 (``objective/*``, ``ppo/*``, ``tokens/*``, ``time/*``), as Python
-            floats or numpy arrays.
+            The statistics of legacy TRL (``objective/*``, ``ppo/*``, ``tokens/*``, ``time/*``): numpy arrays,
+            and Python floats for single values unless ``log_with="wandb"``.
         """
         with self._device_cache_guard():
             return self._step(queries, responses, scores, response_masks)
 
     def _step(self, queries, responses, scores, response_masks) -> dict:
         config = self.config
-        batch_size = config.batch_size
         t_start = time.time()
         timing = {}
-        queries, responses, scores, response_masks = check_step_inputs(
-            queries, responses, scores, response_masks, batch_size, self._vocab_size()
+        queries, responses, scores, response_masks = self._step_safety_checker(
+            config.batch_size, queries, responses, scores, response_masks
         )
-        device = self.current_device
-        queries = [q.to(device) for q in queries]
-        responses = [r.to(device) for r in responses]
-        scores = scores.to(device)
-        scores = self._scale_scores(scores)
+        scores = self._scale_scores(torch.stack(scores))  # [B]
         self._push_if_best(scores)
 
         t = time.time()
-        batch = self.prepare_model_inputs(queries, responses, response_masks)
+        model_inputs = self._pad_across_processes(self.prepare_model_inputs(queries, responses))
+        legacy_forward = self._runs_legacy_forward()
+        full_kl = config.kl_penalty == "full"
+        packed = None
         with torch.no_grad():
-            logprobs, ref_logprobs, values, kls = self._rollout_forward(batch)
+            if legacy_forward:
+                logprobs, logits, values, masks = self.batched_forward_pass(
+                    self.model, queries, responses, model_inputs, response_masks=response_masks, return_logits=full_kl
+                )
+                with self._reference_context() as reference:
+                    ref_logprobs, ref_logits, _, _ = self.batched_forward_pass(
+                        reference, queries, responses, model_inputs, return_logits=full_kl
+                    )
+            else:
+                packed = pack_batch(queries, responses, response_masks, model_inputs["input_ids"], model_inputs["attention_mask"])
+                logprobs, ref_logprobs, values = self._windowed_rollout_forward(packed)
+                masks = packed.masks
         timing["time/ppo/forward_pass"] = time.time() - t
 
         with torch.no_grad():
             t = time.time()
-            rewards, non_score_reward = core.compute_rewards(scores, kls, batch.masks, self.kl_ctl.value)
+            if full_kl:
+                kl_inputs = (core.logprobs_from_logits(logits, None, gather=False), core.logprobs_from_logits(ref_logits, None, gather=False))
+                del logits, ref_logits
+            else:
+                kl_inputs = (logprobs, ref_logprobs)
+            rewards, non_score_reward, kls = self.compute_rewards(scores, *kl_inputs, masks)
+            del kl_inputs
             timing["time/ppo/compute_rewards"] = time.time() - t
             t = time.time()
-            values, advantages, returns = core.compute_advantages(
-                values, rewards, batch.masks, config.gamma, config.lam, config.whiten_rewards
-            )
+            values, advantages, returns = self.compute_advantages(values, rewards, masks)
             timing["time/ppo/compute_advantages"] = time.time() - t
 
         t = time.time()
-        all_stats = self._optimise(batch, logprobs, values, advantages, returns)
+        rollout = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
+                   "logprobs": logprobs.float(), "values": values.float(), "masks": masks,
+                   "advantages": advantages, "returns": returns}
+        all_stats = self._optimise(rollout, legacy_forward)
         timing["time/ppo/optimize_step"] = time.time() - t
 
         t = time.time()
         stats = self.record_step_stats(
-            scores=scores,
-            logprobs=logprobs,
-            ref_logprobs=ref_logprobs,
-            non_score_reward=non_score_reward,
-            kls=kls,
-            masks=batch.masks,
-            queries=queries,
-            responses=responses,
-            train_stats=stack_train_stats(all_stats),
+            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, non_score_reward=non_score_reward,
+            train_stats=stack_train_stats(all_stats), kl_coef=self.kl_ctl.value, masks=masks,
+            queries=queries, responses=responses, kls=kls,
         )
         if self.is_distributed:
             stats = self.gather_stats(stats)
-        stats = {key: _to_python(value) for key, value in stats.items()}
+        stats = stats_to_np(stats)
         timing["time/ppo/calc_stats"] = time.time() - t
         stats["ppo/learning_rate"] = self.optimizer.param_groups[0]["lr"]
 
         self.kl_ctl.update(stats["objective/kl"], config.batch_size * self.accelerator.num_processes)
         timing["time/ppo/total"] = time.time() - t_start
         stats.update(timing)
+        if config.log_with != "wandb":
+            stats = convert_to_scalar(stats)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.current_step += 1
         return stats
 
+    def _runs_legacy_forward(self) -> bool:
+        """Whether `step` must run `batched_forward_pass` / `train_minibatch` / `loss` themselves (overridden, or
+        full-width logits needed) rather than their windowed equivalent."""
+        return (
+            self.is_encoder_decoder
+            or self.config.kl_penalty == "full"
+            or any(self._is_overridden(name) for name in FORWARD_HOOKS)
+        )
+
+    def _is_overridden(self, name: str) -> bool:
+        # A subclass method, an attribute set on the instance, or a patch of the class attribute.
+        return name in vars(self) or getattr(type(self), name) is not _BUILTIN_METHODS[name]
+
     def _vocab_size(self) -> int | None:
-        embeddings = self.accelerator.unwrap_model(self.model).causal_lm.get_input_embeddings()
+        embeddings = self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings()
         return getattr(embeddings, "num_embeddings", None)
 
     def _scale_scores(self, scores: torch.Tensor) -> torch.Tensor:
@@ -428,89 +365,256 @@ class PPOTrainer:
             if self.accelerator.is_main_process:
                 self.accelerator.unwrap_model(self.model).push_to_hub(**kwargs)
 
-    def prepare_model_inputs(
+    # ---------------------------------------------------------------------------------------------
+    # the legacy methods `step` calls (override them to change what `step` does)
+    # ---------------------------------------------------------------------------------------------
+    def _step_safety_checker(
         self,
-        queries: list[torch.Tensor],
-        responses: list[torch.Tensor],
-        response_masks: list[torch.Tensor] | None = None,
-    ) -> PackedBatch:
-        """Concatenate each query and response, pad (right, or with ``training_data_collator``), pad across
-        processes, and compute the trainable-position masks."""
-        rows = [torch.cat([q, r]) for q, r in zip(queries, responses)]
-        pad_first = False
-        if self.training_data_collator is None:
-            input_ids = right_pad(rows, self.pad_token_id)
-            attention_mask = right_pad([torch.ones_like(row) for row in rows], 0)
-        else:
-            padded = self.training_data_collator([{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in rows])
-            input_ids = padded["input_ids"].to(self.current_device)
-            attention_mask = padded["attention_mask"].to(self.current_device)
-            pad_first = getattr(self.tokenizer, "padding_side", "right") == "left"
-        if self.is_distributed:
-            input_ids = self.accelerator.pad_across_processes(input_ids, dim=1, pad_index=self.pad_token_id, pad_first=pad_first)
-            attention_mask = self.accelerator.pad_across_processes(attention_mask, dim=1, pad_index=0, pad_first=pad_first)
-        return pack_batch(queries, responses, response_masks, input_ids, attention_mask)
-
-    # ---------------------------------------------------------------------------------------------
-    # forward passes
-    # ---------------------------------------------------------------------------------------------
-    def _forward_window(self, model, batch: PackedBatch):
-        """One forward pass on the real tokens of ``batch`` with the LM head on the response window.
+        batch_size: int | None,
+        queries: Sequence[torch.LongTensor],
+        responses: Sequence[torch.LongTensor],
+        scores: Sequence[torch.Tensor],
+        masks: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]:
+        """Check the inputs of `step` (``ValueError`` naming the argument and index) and move them to the device.
 
         Returns:
-            `(logits, values, window)`: ``logits`` `[b, W, V]` for logprob positions ``window``
-            (``slice(w0, w1)`` in full-batch coordinates), ``values`` `[b, L - 1]` (zero on padding that
-            did not run through the model).
+            `(queries, responses, scores, masks)`: lists of 1-D LongTensors, of 0-d float scores (a `[1]` score is
+            squeezed) and of 1-D float masks (or ``None``).
         """
-        window = slice(int(batch.starts.min()), int(batch.ends.max()))
-        packing, mask_format = self._prefix_packing(model, batch)
-        if packing is not None:
-            return self._forward_packed(model, batch, packing, mask_format, window)
-        col0, col1 = int(batch.first_token.min()), int(batch.last_token.max())
-        input_ids = batch.input_ids[:, col0:col1]
-        attention_mask = batch.attention_mask[:, col0:col1]
-        with self.accelerator.autocast():
-            logits, _, values = model(
-                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(window.start - col0, window.stop - col0)
+        queries, responses, scores, masks = check_step_inputs(queries, responses, scores, masks, batch_size, self._vocab_size())
+        device = self.current_device
+        return (
+            [query.to(device) for query in queries],
+            [response.to(device) for response in responses],
+            list(scores.to(device)),
+            [mask.to(device) for mask in masks] if masks is not None else None,
+        )
+
+    def prepare_model_inputs(self, queries: list[torch.Tensor], responses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Pad the model inputs of a batch (the tokenizer's padding side, or ``training_data_collator``).
+
+        Returns:
+            Decoder-only: ``input_ids`` and ``attention_mask`` `[B, L]` of each query followed by its response.
+            Encoder-decoder: the queries as ``input_ids`` / ``attention_mask`` and the responses as
+            ``decoder_input_ids`` / ``decoder_attention_mask``.
+        """
+        if self.is_encoder_decoder:
+            inputs = self._pad_rows(queries)
+            decoder_inputs = self._pad_rows(responses)
+            inputs["decoder_input_ids"] = decoder_inputs["input_ids"]
+            inputs["decoder_attention_mask"] = decoder_inputs["attention_mask"]
+            return inputs
+        return self._pad_rows([torch.cat([query, response]) for query, response in zip(queries, responses)])
+
+    def _pad_rows(self, rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.training_data_collator is not None:
+            padded = self.training_data_collator([{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in rows])
+            return {key: padded[key].to(self.current_device) for key in ("input_ids", "attention_mask")}
+        pad = left_pad if self._pads_left() else right_pad
+        return {
+            "input_ids": pad(rows, self.pad_token_id).to(self.current_device),
+            "attention_mask": pad([torch.ones_like(row) for row in rows], 0).to(self.current_device),
+        }
+
+    def _pads_left(self) -> bool:
+        return getattr(self.tokenizer, "padding_side", "right") == "left"
+
+    def _pad_across_processes(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self.is_distributed:
+            return model_inputs
+        padded = {}
+        for key, value in model_inputs.items():
+            pad_index = 0 if key.endswith("attention_mask") else self.pad_token_id
+            padded[key] = self.accelerator.pad_across_processes(value, dim=1, pad_index=pad_index, pad_first=self._pads_left())
+        return padded
+
+    def batched_forward_pass(
+        self,
+        model: nn.Module,
+        queries: list[torch.Tensor],
+        responses: list[torch.Tensor],
+        model_inputs: dict[str, torch.Tensor],
+        return_logits: bool = False,
+        response_masks: list[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Forward passes in chunks of ``mini_batch_size`` (``model`` in eval mode), as legacy TRL ran them.
+
+        Returns:
+            `(logprobs, logits, values, masks)`: `[B, L - 1]` log-probability of each next token, `[B, L - 1, V]`
+            logits if ``return_logits`` else ``None``, `[B, L - 1]` values, and `[B, L - 1]` masks that are 1 on
+            the positions predicting a response token (times ``response_masks``).
+        """
+        chunk = self.config.mini_batch_size
+        all_logprobs, all_logits, all_values, all_masks = [], [], [], []
+        model.eval()
+        for begin in range(0, len(queries), chunk):
+            inputs = {key: value[begin : begin + chunk] for key, value in model_inputs.items()}
+            logits, _, values = model(**inputs)
+            prefix = "decoder_" if self.is_encoder_decoder else ""
+            input_ids, attention_mask = inputs[prefix + "input_ids"], inputs[prefix + "attention_mask"]
+            logprobs = core.logprobs_from_logits(logits[:, :-1, :], input_ids[:, 1:])
+            masks = torch.zeros_like(attention_mask)
+            masks[:, :-1] = attention_mask[:, 1:]
+            for row in range(len(input_ids)):
+                index = begin + row
+                if self.is_encoder_decoder:
+                    start, end = 1, int(attention_mask[row].sum()) - 1  # the decoder starts after its start token
+                else:
+                    start = len(queries[index]) - 1 + int(attention_mask[row].nonzero()[0])  # after left padding
+                    end = start + len(responses[index])
+                masks[row, :start] = 0
+                masks[row, end:] = 0
+                if response_masks is not None:
+                    masks[row, start:end] = masks[row, start:end] * response_masks[index]
+            all_logits.append(logits if return_logits else None)
+            del logits
+            all_logprobs.append(logprobs)
+            all_values.append(values)
+            all_masks.append(masks)
+        return (
+            torch.cat(all_logprobs),
+            torch.cat(all_logits)[:, :-1] if return_logits else None,
+            torch.cat(all_values)[:, :-1],
+            torch.cat(all_masks)[:, :-1],
+        )
+
+    def compute_rewards(
+        self, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token rewards: ``-kl_coef * _kl_penalty`` everywhere, plus each score on its row's last trainable
+        position.
+
+        Returns:
+            `(rewards, non_score_rewards, kls)`, each `[B, T]`.
+        """
+        kls = torch.stack([self._kl_penalty(logprob, ref_logprob) for logprob, ref_logprob in zip(logprobs, ref_logprobs)])
+        rewards, non_score_rewards = core.compute_rewards(scores, kls, masks, self.kl_ctl.value)
+        return rewards, non_score_rewards, kls
+
+    def _kl_penalty(self, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+        """``config.kl_penalty`` of one row (see `core.kl_penalty`)."""
+        return core.kl_penalty(logprob, ref_logprob, self.config.kl_penalty)
+
+    def compute_advantages(
+        self, values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """GAE with ``config.gamma`` / ``config.lam`` (see `core.compute_advantages`): `(values, advantages, returns)`."""
+        return core.compute_advantages(values, rewards, mask, self.config.gamma, self.config.lam, self.config.whiten_rewards)
+
+    def train_minibatch(
+        self,
+        old_logprobs: torch.Tensor,
+        values: torch.Tensor,
+        logprobs: torch.Tensor,
+        logits: torch.Tensor,
+        vpreds: torch.Tensor,
+        mask: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """`loss`, backward, (clipping,) optimizer step and ``zero_grad`` on one mini-batch; returns its statistics."""
+        with self._device_cache_guard():
+            self.model.train()
+            pg_loss, scaled_vf_loss, train_stats = self.loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns)
+            self._apply_gradients(pg_loss + scaled_vf_loss)
+            return train_stats
+
+    def loss(
+        self,
+        old_logprobs: torch.Tensor,
+        values: torch.Tensor,
+        logits: torch.Tensor,
+        vpreds: torch.Tensor,
+        logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped PPO losses of a mini-batch (all `[mb, T]`, ``logits`` `[mb, T, V]`).
+
+        Returns:
+            `(pg_loss, vf_coef * vf_loss, stats)`; both losses are multiplied by 0 (with a warning) when the
+            masked mean ratio exceeds ``config.ratio_threshold``.
+        """
+        entropy = core.entropy_from_logits(logits)
+        pg_loss, scaled_vf_loss, stats, skipped = core.ppo_losses(
+            old_logprobs, values, logprobs, vpreds, entropy, mask, advantages, returns,
+            self.config.cliprange, self.config.cliprange_value, self.config.vf_coef, self.config.ratio_threshold,
+        )
+        if skipped:
+            self._warn_ratio_threshold(stats["policy/ratio"], mask)
+        return pg_loss, scaled_vf_loss, stats
+
+    # ---------------------------------------------------------------------------------------------
+    # optimisation
+    # ---------------------------------------------------------------------------------------------
+    def _optimise(self, rollout: dict, legacy_forward: bool) -> list[dict]:
+        """``ppo_epochs`` passes over random mini-batches (grouped into backward batches for accumulation)."""
+        config = self.config
+        all_stats = []
+        for _ in range(config.ppo_epochs):
+            order = np.random.permutation(config.batch_size)
+            for backward_begin in range(0, config.batch_size, config.backward_batch_size):
+                backward_rows = order[backward_begin : backward_begin + config.backward_batch_size]
+                for mini_begin in range(0, config.backward_batch_size, config.mini_batch_size):
+                    rows = backward_rows[mini_begin : mini_begin + config.mini_batch_size]
+                    with self.accelerator.accumulate(self.model):
+                        all_stats.append(self._train_rows(rollout, rows, legacy_forward))
+            if config.early_stopping and self._early_stop(all_stats[-1]["policy/policykl"]):
+                break
+        return all_stats
+
+    def _train_rows(self, rollout: dict, rows: np.ndarray, legacy_forward: bool) -> dict:
+        index = torch.as_tensor(rows, device=rollout["masks"].device)
+        old = {key: rollout[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
+        if not legacy_forward:
+            return self._windowed_train_minibatch(
+                rollout["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"]
             )
-        num_positions = batch.num_positions
-        values = F.pad(values.float(), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
-        return logits, values, window
+        queries = [rollout["queries"][row] for row in rows]
+        responses = [rollout["responses"][row] for row in rows]
+        model_inputs = {key: value[index] for key, value in rollout["model_inputs"].items()}
+        logprobs, logits, vpreds, _ = self.batched_forward_pass(self.model, queries, responses, model_inputs, return_logits=True)
+        return self.train_minibatch(
+            old["logprobs"], old["values"], logprobs, logits, vpreds, old["masks"], old["advantages"], old["returns"]
+        )
 
-    def _prefix_packing(self, model, batch: PackedBatch) -> tuple[PrefixPacking | None, str | None]:
-        if not self.config.share_prompt_prefix:
-            return None, None
-        mask_format = shared_prefix.mask_format(self.accelerator.unwrap_model(model).config)
-        if mask_format is None:
-            return None, None
-        return shared_prefix.plan_prefix_packing(batch.input_ids, batch.attention_mask), mask_format
+    def _apply_gradients(self, loss: torch.Tensor) -> None:
+        """Backward, then clip, step and zero the gradients (or step each parameter during backward)."""
+        if self.step_in_backward is not None:
+            with self.step_in_backward.active():
+                self.accelerator.backward(loss)  # updates each parameter as its gradient completes
+            return
+        self.accelerator.backward(loss)
+        if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:
+            self.accelerator.clip_grad_norm_(self.trainable_params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
 
-    def _forward_packed(self, model, batch: PackedBatch, packing: PrefixPacking, mask_format: str, window: slice):
-        """`_forward_window` on the rows packed around their shared prompt prefix (same outputs)."""
-        num_rows, num_positions = batch.input_ids.shape[0], batch.num_positions
-        dtype = next(self.accelerator.unwrap_model(model).parameters()).dtype
-        kept = packing.token_index[:, window]  # [b, W] packed index of each window position
-        with self.accelerator.autocast():
-            logits, _, values = model(
-                input_ids=packing.input_ids,
-                attention_mask=packing.attention_mask(mask_format, dtype),
-                position_ids=packing.position_ids,
-                logits_to_keep=kept.reshape(-1),
-            )
-        logits = logits.view(num_rows, kept.shape[1], -1)  # [b, W, V]
-        index = packing.token_index[:, :num_positions]
-        values = values.float()[0, index] * packing.real_tokens[:, :num_positions]  # [b, L - 1]
-        return logits, values, window
+    def _warn_ratio_threshold(self, ratio: torch.Tensor, mask: torch.Tensor) -> None:
+        warnings.warn(
+            f"The average ratio of batch ({core.masked_mean(ratio, mask):.2f}) exceeds threshold "
+            f"{self.config.ratio_threshold:.2f}. Skipping batch.",
+            UserWarning,
+            stacklevel=3,
+        )
 
-    def _labels(self, batch: PackedBatch, window: slice) -> torch.Tensor:
-        return batch.input_ids[:, window.start + 1 : window.stop + 1]  # [b, W]
-
-    def _place(self, window_values: torch.Tensor, window: slice, num_positions: int) -> torch.Tensor:
-        """`[b, W]` values of the window -> `[b, L - 1]`, zero outside the window."""
-        return F.pad(window_values, (window.start, num_positions - window.stop))
+    def _early_stop(self, policykl: torch.Tensor) -> bool:
+        """Whether the policy KL of the last mini-batch (averaged over processes) exceeds ``1.5 * target_kl``; if so
+        the gradients are zeroed and the remaining epochs skipped."""
+        policykl = policykl.detach().clone().float().to(self.current_device)
+        if self.is_distributed:
+            policykl = self.accelerator.reduce(policykl, reduction="mean")
+        if policykl > 1.5 * self.config.target_kl:
+            self.optimizer.zero_grad()
+            return True
+        return False
 
     @contextlib.contextmanager
     def _reference_context(self):
+        """The reference model: the PEFT policy with its adapters disabled, a mapped `OffloadedReference`, or
+        ``ref_model``."""
         if self.ref_model is None:
             with self.accelerator.unwrap_model(self.model).pretrained_model.disable_adapter():
                 yield self.model
@@ -527,261 +631,6 @@ class PPOTrainer:
         finally:
             if self.config.optimize_device_cache:
                 empty_device_cache()
-
-    def _rollout_forward(self, batch: PackedBatch):
-        """No-grad passes of the policy and the reference, one mini-batch at a time.
-
-        Returns:
-            `(logprobs, ref_logprobs, values, kls)`, each `[B, L - 1]`.
-        """
-        chunk = self.config.mini_batch_size
-        num_positions = batch.num_positions
-        outputs = {"logprobs": [], "ref_logprobs": [], "values": [], "kls": []}
-        self.model.eval()
-        with self._device_cache_guard():
-            for begin in range(0, batch.input_ids.shape[0], chunk):
-                part = batch.select(slice(begin, begin + chunk))
-                logits, values, window = self._forward_window(self.model, part)
-                labels = self._labels(part, window)
-                logprobs = core.selective_logprobs(logits, labels)
-                with self._reference_context() as reference:
-                    ref_logits, _, ref_window = self._forward_window(reference, part)
-                ref_logprobs = core.selective_logprobs(ref_logits, labels)
-                if self.config.kl_penalty == "full":
-                    kls = core.full_kl_penalty(logits, ref_logits)
-                else:
-                    kls = core.kl_penalty(logprobs, ref_logprobs, self.config.kl_penalty)
-                del logits, ref_logits
-                outputs["logprobs"].append(self._place(logprobs, window, num_positions))
-                outputs["ref_logprobs"].append(self._place(ref_logprobs, window, num_positions))
-                outputs["values"].append(values)
-                outputs["kls"].append(self._place(kls, window, num_positions))
-        return tuple(torch.cat(outputs[key]) for key in ("logprobs", "ref_logprobs", "values", "kls"))
-
-    # ---------------------------------------------------------------------------------------------
-    # optimisation
-    # ---------------------------------------------------------------------------------------------
-    def _optimise(self, batch, old_logprobs, old_values, advantages, returns) -> list[dict]:
-        config = self.config
-        all_stats = []
-        early_stop = False
-        for _ in range(config.ppo_epochs):
-            if early_stop:
-                break
-            order = np.random.permutation(config.batch_size)
-            for backward_begin in range(0, config.batch_size, config.backward_batch_size):
-                backward_rows = order[backward_begin : backward_begin + config.backward_batch_size]
-                for mini_begin in range(0, config.backward_batch_size, config.mini_batch_size):
-                    rows = torch.as_tensor(backward_rows[mini_begin : mini_begin + config.mini_batch_size], device=batch.input_ids.device)
-                    with self.accelerator.accumulate(self.model):
-                        train_stats = self.train_minibatch(
-                            batch.select(rows), old_logprobs[rows], old_values[rows], advantages[rows], returns[rows]
-                        )
-                    all_stats.append(train_stats)
-            if config.early_stopping:
-                early_stop = self._early_stop(train_stats["policy/policykl"])
-        return all_stats
-
-    def train_minibatch(self, part: PackedBatch, old_logprobs, old_values, advantages, returns) -> dict:
-        """Forward with gradients, PPO loss, backward, (clip,) optimizer step on one mini-batch."""
-        with self._device_cache_guard():
-            self._set_training_forward_mode()
-            num_positions = part.num_positions
-            logits, vpreds, window = self._forward_window(self.model, part)
-            logprobs = self._place(core.selective_logprobs(logits, self._labels(part, window)), window, num_positions)
-            with torch.no_grad():
-                entropy = self._place(_rowwise_entropy(logits), window, num_positions)
-            del logits
-            loss, stats, skipped = core.ppo_loss(
-                old_logprobs, old_values, logprobs, vpreds, entropy, part.masks, advantages, returns,
-                self.config.cliprange, self.config.cliprange_value, self.config.vf_coef, self.config.ratio_threshold,
-            )
-            if skipped:
-                warnings.warn(
-                    f"The average ratio of batch ({stats['policy/ratio'][part.masks.bool()].mean():.2f}) exceeds "
-                    f"threshold {self.config.ratio_threshold:.2f}. Skipping batch.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            self.model.train()
-            if self.step_in_backward is not None:
-                with self.step_in_backward.active():
-                    self.accelerator.backward(loss)  # updates each parameter as its gradient completes
-                return stats
-            self.accelerator.backward(loss)
-            if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:
-                self.accelerator.clip_grad_norm_(self.trainable_params, self.config.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            return stats
-
-    def _set_training_forward_mode(self) -> None:
-        # No dropout in the forward pass, as legacy TRL (which ran it in eval mode): old and new logprobs then
-        # come from the same function of the weights. Gradient checkpointing only runs in train mode, so with
-        # it the model is put in train mode with its dropout layers switched off.
-        self.model.eval()
-        if self.config.gradient_checkpointing:
-            self.model.train()
-            for module in self.model.modules():
-                if isinstance(module, nn.Dropout):
-                    module.eval()
-
-    def _early_stop(self, policykl: torch.Tensor) -> bool:
-        policykl = policykl.detach().clone().float().to(self.current_device)
-        if self.is_distributed:
-            policykl = self.accelerator.reduce(policykl, reduction="mean")
-        if policykl > 1.5 * self.config.target_kl:
-            self.optimizer.zero_grad()
-            return True
-        return False
-
-    # ---------------------------------------------------------------------------------------------
-    # statistics and logging
-    # ---------------------------------------------------------------------------------------------
-    def record_step_stats(self, kl_coef: float | None = None, **data) -> dict:
-        """The legacy step statistics from the batch tensors and the stacked train statistics."""
-        kl_coef = self.kl_ctl.value if kl_coef is None else kl_coef
-        mask = data["masks"]
-        kl_per_sequence = (data["kls"] * mask).sum(dim=-1)  # [B]
-        mean_kl = kl_per_sequence.mean()
-        mean_entropy = (-data["logprobs"] * mask).sum(dim=-1).mean()
-        if mean_kl.item() < -1.0:
-            warnings.warn(
-                f"KL divergence is starting to become negative: {mean_kl.item():.2f} - this might be a precursor "
-                "for failed training. Sometimes this happens because the generation kwargs are not correctly set. "
-                "Please make sure that the generation kwargs are set correctly, or review your training "
-                "hyperparameters.",
-                UserWarning,
-                stacklevel=3,
-            )
-        scores = data["scores"].float()
-        stats = {
-            "objective/kl": mean_kl,
-            "objective/kl_dist": kl_per_sequence,
-            "objective/logprobs": data["logprobs"],
-            "objective/ref_logprobs": data["ref_logprobs"],
-            "objective/kl_coef": kl_coef,
-            "objective/entropy": mean_entropy,
-            "ppo/mean_non_score_reward": core.masked_mean(data["non_score_reward"], mask),
-            "ppo/mean_scores": scores.mean(),
-            "ppo/std_scores": scores.std(),
-        }
-        query_lens = torch.tensor([len(q) for q in data["queries"]], dtype=torch.float)
-        response_lens = torch.tensor([len(r) for r in data["responses"]], dtype=torch.float)
-        stats["tokens/queries_len_mean"] = query_lens.mean().item()
-        stats["tokens/queries_len_std"] = query_lens.std().item()
-        stats["tokens/queries_dist"] = query_lens.numpy()  # legacy key; spec §3.7 also names it ..._len_dist
-        stats["tokens/queries_len_dist"] = stats["tokens/queries_dist"]
-        stats["tokens/responses_len_mean"] = response_lens.mean().item()
-        stats["tokens/responses_len_std"] = response_lens.std().item()
-        stats["tokens/responses_dist"] = response_lens.numpy()
-        stats["tokens/responses_len_dist"] = stats["tokens/responses_dist"]
-        for key, value in data["train_stats"].items():
-            stats[f"ppo/{key}"] = value.float().mean(dim=0)
-        stats["ppo/val/var_explained"] = 1 - stats["ppo/val/error"] / stats["ppo/returns/var"]
-        return stats
-
-    def gather_stats(self, stats: dict) -> dict:
-        """Average every tensor statistic over the processes."""
-        gathered = {}
-        for key, value in stats.items():
-            if isinstance(value, torch.Tensor):
-                value = self.accelerator.reduce(value.detach().float().to(self.current_device), reduction="mean")
-            gathered[key] = value
-        return gathered
-
-    def log_stats(
-        self,
-        stats: dict,
-        batch: dict,
-        rewards: Sequence[torch.Tensor] | torch.Tensor,
-        columns_to_log: Sequence[str] = ("query", "response"),
-    ) -> None:
-        """Log step statistics and reward summaries through the accelerate trackers (wandb also gets a table
-        of ``columns_to_log``)."""
-        if not isinstance(rewards, torch.Tensor):
-            rewards = torch.stack([torch.as_tensor(r).reshape(()) for r in rewards])
-        rewards = self.accelerator.gather(rewards.float().to(self.current_device)).flatten()
-        if self.config.log_with == "wandb":
-            import wandb
-
-            if any(column not in batch for column in columns_to_log):
-                raise ValueError(f"Columns to log {columns_to_log} are not present in the batch {list(batch)}.")
-            rows = [list(values) + [reward.item()] for values, reward in zip(zip(*(batch[c] for c in columns_to_log)), rewards)]
-            if self.accelerator.is_main_process:
-                stats = dict(stats, game_log=wandb.Table(columns=[*columns_to_log, "reward"], rows=rows))
-        elif "query" not in batch and "response" not in batch:
-            warnings.warn("The game logs will not be logged because the batch does not contain the keys 'query' and 'response'.", UserWarning, stacklevel=2)
-        logs = {key: _to_python(value) for key, value in stats.items()}
-        logs["env/reward_mean"] = rewards.mean().item()
-        logs["env/reward_std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
-        logs["env/reward_dist"] = rewards.cpu().numpy()
-        if self.config.log_with == "tensorboard":
-            logs = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
-        self.accelerator.log(logs, step=self.current_step)
-
-    # ---------------------------------------------------------------------------------------------
-    # generation
-    # ---------------------------------------------------------------------------------------------
-    def generate(
-        self,
-        query_tensor: torch.Tensor | list[torch.Tensor],
-        length_sampler: Callable[[], int] | None = None,
-        batch_size: int = 4,
-        return_prompt: bool = True,
-        generate_ref_response: bool = False,
-        **generation_kwargs,
-    ):
-        """Sample responses with the policy (and optionally the reference).
-
-        Args:
-            query_tensor: a 1-D tensor (returns `[1, L]`) or a list of 1-D tensors (batched with left padding;
-                returns a list of 1-D tensors cut after the first generated EOS).
-            length_sampler: called per batch to set ``max_new_tokens``.
-            batch_size: generation batch size for a list.
-            return_prompt: keep the prompt tokens in the output.
-            generate_ref_response: also generate with the reference model; returns ``(response, ref_response)``.
-        """
-        if isinstance(query_tensor, torch.Tensor) and query_tensor.dim() != 1:
-            raise ValueError(f"query_tensor must be a 1-D tensor or a list of them, got shape {tuple(query_tensor.shape)}")
-        policy = self.accelerator.unwrap_model(self.model)
-        response = self._generate_with(policy, query_tensor, length_sampler, batch_size, return_prompt, generation_kwargs)
-        if not generate_ref_response:
-            return response
-        with self._reference_context() as reference:
-            reference = self.accelerator.unwrap_model(reference)
-            ref_response = self._generate_with(reference, query_tensor, length_sampler, batch_size, return_prompt, generation_kwargs)
-        return response, ref_response
-
-    def _generate_with(self, model, query_tensor, length_sampler, batch_size, return_prompt, generation_kwargs):
-        kwargs = dict(generation_kwargs)
-        if isinstance(query_tensor, torch.Tensor):
-            if length_sampler is not None:
-                kwargs["max_new_tokens"] = length_sampler()
-            query = query_tensor.to(self.current_device).unsqueeze(0)
-            output = model.generate(input_ids=query, attention_mask=torch.ones_like(query), **kwargs)
-            return output if return_prompt else output[:, query.shape[1]:]
-        return self._generate_batched(model, list(query_tensor), length_sampler, batch_size, return_prompt, kwargs)
-
-    def _generate_batched(self, model, queries, length_sampler, batch_size, return_prompt, kwargs, remove_padding=True):
-        eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
-        outputs = []
-        for begin in range(0, len(queries), batch_size):
-            if length_sampler is not None:
-                kwargs["max_new_tokens"] = length_sampler()
-            chunk = [q.to(self.current_device) for q in queries[begin : begin + batch_size]]
-            width = max(len(q) for q in chunk)
-            input_ids = torch.stack([F.pad(q, (width - len(q), 0), value=self.pad_token_id) for q in chunk])
-            attention_mask = torch.stack([F.pad(torch.ones_like(q), (width - len(q), 0)) for q in chunk])
-            kwargs.setdefault("pad_token_id", self.pad_token_id)
-            generations = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-            for query, generation in zip(chunk, generations):
-                prompt, generated = query, generation[width:]
-                if remove_padding and eos_token_id is not None and (generated == eos_token_id).any():
-                    # Cut after the first EOS *generated* (a chat prompt may itself contain the EOS token).
-                    generated = generated[: int((generated == eos_token_id).nonzero()[0, 0]) + 1]
-                outputs.append(torch.cat([prompt, generated]) if return_prompt else generated)
-        return outputs
 
     # ---------------------------------------------------------------------------------------------
     # saving
@@ -807,14 +656,4 @@ class PPOTrainer:
         load_checkpoint(self, checkpoint_dir)
 
 
-def _launched_on_cpu_only() -> bool:
-    import os
-
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
-    has_accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-    return launched and not has_accelerator
-
-
-def _rowwise_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """`[b, W, V]` -> `[b, W]` entropy, one row at a time to bound the temporary softmax."""
-    return torch.stack([core.entropy_from_logits(row.float()) for row in logits])
+_BUILTIN_METHODS = {name: PPOTrainer.__dict__[name] for name in FORWARD_HOOKS}

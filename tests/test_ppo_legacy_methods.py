@@ -1,0 +1,171 @@
+"""`PPOTrainer.step` calls legacy TRL's overridable methods, so subclasses that override them change what `step`
+does; the windowed fast path gives the results of the legacy forward passes; everything works with the bundled
+SmolLM2 tokenizer (special ids 0-16, EOS 2) as well as GPT-2's."""
+
+import copy
+import functools
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+
+from textenv import TextEnvironment
+from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer, core
+from textenv.testing import tiny_causal_lm
+
+PROMPT = torch.arange(100, 120)
+QUERIES = [torch.cat([PROMPT, torch.tensor([7, 8])]), torch.arange(140, 163), torch.cat([PROMPT, torch.tensor([12])])]
+RESPONSES = [torch.arange(200, 206), torch.arange(300, 303), torch.arange(400, 410)]
+SCORES = [torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.5)]
+MASKS = [torch.tensor([1, 1, 0, 0, 1, 1]), torch.ones(3), torch.tensor([1] * 4 + [0] * 3 + [1] * 3)]
+COMPARED_STATS = ("ppo/loss/total", "ppo/loss/value", "ppo/loss/policy", "objective/kl", "objective/entropy",
+                  "ppo/val/vpred", "ppo/policy/entropy", "ppo/policy/approxkl", "ppo/policy/clipfrac",
+                  "ppo/returns/mean", "ppo/returns/var", "ppo/val/error", "ppo/mean_non_score_reward")
+
+
+def make_trainer(trainer_class=PPOTrainer, tokenizer=None, **config_kwargs):
+    config_kwargs = {"batch_size": 3, "mini_batch_size": 3, "ppo_epochs": 2, "learning_rate": 1e-3, "seed": 0, **config_kwargs}
+    base = tiny_causal_lm(seed=0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLMWithValueHead(base)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        return trainer_class(PPOConfig(**config_kwargs), model, tokenizer=tokenizer)
+
+
+def flat_weights(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+
+class LegacyLoss(PPOTrainer):
+    """Overrides `loss` without changing it: `step` must then run the legacy full-logit forward passes."""
+
+    calls = 0
+
+    def loss(self, old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns):
+        type(self).calls += 1
+        assert logits.dim() == 3 and logits.shape[:2] == logprobs.shape  # legacy: [mb, T, V] logits
+        return super().loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns)
+
+
+def test_windowed_path_equals_the_legacy_forward_passes():
+    fast = make_trainer()
+    legacy = make_trainer(LegacyLoss)
+    assert not fast._runs_legacy_forward() and legacy._runs_legacy_forward()
+    stats_fast = fast.step(QUERIES, RESPONSES, SCORES, MASKS)
+    LegacyLoss.calls = 0
+    stats_legacy = legacy.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert LegacyLoss.calls == 2  # 2 epochs x 1 mini-batch
+    for key in COMPARED_STATS:
+        assert stats_fast[key] == pytest.approx(stats_legacy[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(flat_weights(fast.model), flat_weights(legacy.model), rtol=1e-4, atol=1e-4)
+
+
+def test_overriding_compute_rewards_changes_the_step():
+    """Dense rewards through `compute_rewards`: a bonus on every trainable token raises the returns."""
+
+    class DenseRewards(PPOTrainer):
+        def compute_rewards(self, scores, logprobs, ref_logprobs, masks):
+            rewards, non_score, kls = super().compute_rewards(scores, logprobs, ref_logprobs, masks)
+            return rewards + 0.5 * masks, non_score, kls
+
+    plain = make_trainer().step(QUERIES, RESPONSES, SCORES, MASKS)
+    dense = make_trainer(DenseRewards).step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert dense["ppo/returns/mean"] > plain["ppo/returns/mean"] + 0.5
+
+
+def test_overriding_loss_changes_the_update():
+    """A `loss` that returns zero losses: Adam then moves no weight (zero gradient -> zero update)."""
+
+    class NoLoss(PPOTrainer):
+        def loss(self, *args):
+            pg_loss, vf_loss, stats = super().loss(*args)
+            return pg_loss * 0.0, vf_loss * 0.0, stats
+
+    trainer = make_trainer(NoLoss)
+    before = flat_weights(trainer.model)
+    trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert torch.equal(flat_weights(trainer.model), before)
+    moved = make_trainer()
+    moved.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert not torch.equal(flat_weights(moved.model), before)
+
+
+def test_overriding_kl_penalty_and_train_minibatch_are_called_per_row_and_per_minibatch():
+    seen = {"kl_rows": [], "minibatches": 0}
+
+    class Spy(PPOTrainer):
+        def _kl_penalty(self, logprob, ref_logprob):
+            seen["kl_rows"].append(logprob.shape)
+            return super()._kl_penalty(logprob, ref_logprob)
+
+        def train_minibatch(self, old_logprobs, values, logprobs, logits, vpreds, mask, advantages, returns):
+            seen["minibatches"] += 1
+            return super().train_minibatch(old_logprobs, values, logprobs, logits, vpreds, mask, advantages, returns)
+
+    make_trainer(Spy, mini_batch_size=1).step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert len(seen["kl_rows"]) == 3 and all(len(shape) == 1 for shape in seen["kl_rows"])  # legacy: one row at a time
+    assert seen["minibatches"] == 2 * 3
+
+
+def test_patching_the_class_method_is_honoured():
+    """`unittest.mock.patch.object(PPOTrainer, "compute_advantages", ...)`, as legacy-style tests do."""
+    trainer = make_trainer()
+    with mock.patch.object(PPOTrainer, "compute_advantages", autospec=True, side_effect=PPOTrainer.compute_advantages) as spy:
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert spy.call_count == 1
+
+
+def test_batched_forward_pass_legacy_shapes_and_left_padding_masks(tokenizer):
+    left = copy.deepcopy(tokenizer)
+    left.padding_side = "left"  # padded as the tokenizer pads, as legacy's collator did
+    trainer = make_trainer(tokenizer=left)
+    inputs = trainer.prepare_model_inputs(QUERIES, RESPONSES)
+    logprobs, logits, values, masks = trainer.batched_forward_pass(
+        trainer.model, QUERIES, RESPONSES, inputs, return_logits=True, response_masks=MASKS
+    )
+    width = max(len(q) + len(r) for q, r in zip(QUERIES, RESPONSES))
+    assert inputs["attention_mask"][0, 0] == 0 and inputs["attention_mask"][2, 0] == 1  # left-padded to row 2
+    assert logprobs.shape == values.shape == masks.shape == (3, width - 1)
+    assert logits.shape == (3, width - 1, trainer.model.config.vocab_size)
+    for row, (query, response, mask) in enumerate(zip(QUERIES, RESPONSES, MASKS)):
+        start = width - len(query) - len(response) + len(query) - 1
+        assert masks[row, :start].sum() == 0
+        assert torch.equal(masks[row, start : start + len(response)].float(), mask.float())
+    torch.testing.assert_close(logprobs, core.logprobs_from_logits(logits, inputs["input_ids"][:, 1:]))
+
+
+def test_step_safety_checker_returns_device_lists():
+    trainer = make_trainer()
+    queries, responses, scores, masks = trainer._step_safety_checker(3, QUERIES, RESPONSES, [torch.tensor([1.0])] * 3, MASKS)
+    assert [q.shape for q in queries] == [q.shape for q in QUERIES]
+    assert all(score.dim() == 0 for score in scores) and len(masks) == 3
+    with pytest.raises(ValueError, match="scores"):
+        trainer._step_safety_checker(3, QUERIES, RESPONSES, [torch.tensor([[1.0]])] * 3)
+
+
+def dummy_generate(histories):
+    for history in histories:
+        history.append_segment("<request><Echo>hi<call>", torch.tensor([3, 4, 5]), system=False)
+    return histories
+
+
+def test_bundled_tokenizer_text_environment_to_ppo_step(tokenizer):
+    """SmolLM2's tokenizer (EOS id 2, special ids 0-16): legacy-style class-patched `generate`, then a PPO step
+    on both paths with the episode's masks."""
+    model = AutoModelForCausalLMWithValueHead(tiny_causal_lm(seed=1))
+    env = TextEnvironment(model, tokenizer, tools={"Echo": lambda text: text}, reward_fn=lambda texts: [torch.tensor(1.0)] * len(texts),
+                          prompt="Use the tool.\n", max_turns=2)
+    with mock.patch.object(TextEnvironment, "generate", side_effect=dummy_generate) as patched:
+        queries, responses, masks, rewards, histories = env.run(["a", "bb", "ccc"])
+    assert patched.call_count == 2
+    expected_tool_tokens = tokenizer("hi<response>", add_special_tokens=False).input_ids
+    assert responses[0].tolist() == 2 * ([3, 4, 5] + expected_tool_tokens)
+    assert masks[0].tolist() == 2 * ([1, 1, 1] + [0] * len(expected_tool_tokens))
+    assert all(int(token) > 16 or int(token) in (3, 4, 5) for token in responses[0])  # no special token inserted
+    for trainer in (make_trainer(tokenizer=tokenizer), make_trainer(LegacyLoss, tokenizer=tokenizer)):
+        trainer.optimizer.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=False)
+        stats = trainer.step(queries, responses, rewards, masks)
+        assert stats["ppo/mean_scores"] == pytest.approx(1.0)
+        assert all(param.grad is not None for param in trainer.model.parameters() if param.requires_grad)
