@@ -9,7 +9,6 @@ so that losses and statistics agree with it to float tolerance.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

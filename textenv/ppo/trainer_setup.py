@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from textenv.ppo.offloaded_reference import OffloadedReference, should_offload
+from textenv.ppo.step_in_backward import StepInBackward
 from textenv.ppo.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
@@ -128,3 +129,41 @@ def prepare_reference(accelerator, ref_model):
         engine.eval()
         return engine
     return ref_model.to(accelerator.device)
+
+
+def configure_deepspeed(accelerator, config) -> None:
+    """Fill DeepSpeed's ``"auto"`` micro batch size and accumulation steps from ``config``: PPO has no dataloader
+    for accelerate to infer them from."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds_config = plugin.deepspeed_config
+    if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds_config["train_micro_batch_size_per_gpu"] = config.mini_batch_size
+    if ds_config.get("gradient_accumulation_steps", "auto") == "auto":
+        ds_config["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+
+
+def make_step_in_backward(trainer, owns_optimizer: bool) -> StepInBackward | None:
+    """Fuse the optimizer step into backward (see `textenv.ppo.step_in_backward`) when asked for and nothing needs
+    all gradients at once: our own optimizer, one process, no accumulation, clipping, loss scaling or DeepSpeed."""
+    config, accelerator = trainer.config, trainer.accelerator
+    fusable = (
+        config.step_in_backward
+        and owns_optimizer
+        and accelerator.num_processes == 1
+        and config.gradient_accumulation_steps == 1
+        and config.max_grad_norm is None
+        and accelerator.scaler is None
+        and getattr(accelerator.state, "deepspeed_plugin", None) is None
+    )
+    return StepInBackward(trainer.optimizer.optimizer, trainer.trainable_params) if fusable else None
+
+
+def init_trackers(accelerator, config) -> None:
+    """Start accelerate's trackers (``config.log_with``) with the configuration as hyper-parameters."""
+    if config.log_with == "tensorboard":
+        tracker_config = {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool)) and v is not None}
+    else:
+        tracker_config = {"trl_ppo_trainer_config": config.to_dict()}
+    accelerator.init_trackers(config.tracker_project_name, config=tracker_config, init_kwargs=config.tracker_kwargs)
