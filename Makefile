@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.textenv-installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean legacy-on-trl
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
@@ -14,6 +14,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout=900 tests
 
 setup: $(STAMP)
+
+# The ported TRL 0.11.4 tests (tests/legacy) run against the real trl 0.11.4 in benchmarks/.legacy-venv
+# (created on first use), for comparison with textenv; `make test` never needs that venv.
+legacy-on-trl: $(STAMP)
+	$(BIN)/python tests/legacy/run_on_trl.py
 
 # torch is pinned and installed first: an unpinned torch would pull gigabytes of CUDA packages.
 $(STAMP): setup.py setup.cfg
