@@ -63,4 +63,4 @@ def test_tiny_run_logs_to_tensorboard_saves_and_summarises(tmp_path, capsys):
     assert logged_scalar_steps(log_dir, "env/reward_mean") == [1, 2]  # current_step counts finished PPO steps, as in legacy TRL
     assert logged_scalar_steps(log_dir, "objective/kl") == [1, 2]  # current_step counts finished PPO steps, as in legacy TRL
     assert (save_dir / "adapter_model.safetensors").is_file()
-    assert (save_dir / "value_head.safetensors").is_file()
+    assert (save_dir / "pytorch_model.bin").is_file()  # the value head, in legacy TRL's PEFT layout

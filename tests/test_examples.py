@@ -84,7 +84,7 @@ def test_tiny_run_trains_logs_and_summarises(name, tmp_path, capsys):
     assert "objective/kl" in scalars and "ppo/loss/total" in scalars
 
     assert (tmp_path / "model" / "adapter_config.json").is_file()  # LoRA is on by default
-    assert (tmp_path / "model" / "value_head.safetensors").is_file()
+    assert (tmp_path / "model" / "pytorch_model.bin").is_file()  # the value head, in legacy TRL's PEFT layout
 
 
 # ------------------------------------------------------------------------------------------------ trivia task

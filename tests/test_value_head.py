@@ -1,10 +1,13 @@
-"""AutoModelForCausalLMWithValueHead and create_reference_model."""
+"""AutoModelForCausalLMWithValueHead and create_reference_model (checkpoint files and the state-dict layout:
+test_value_head_checkpoints.py; the reward adapter: test_value_head_reward_adapter.py; the seq2seq wrapper:
+test_seq2seq_value_head.py)."""
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
 from textenv.ppo import AutoModelForCausalLMWithValueHead, create_reference_model
-from textenv.ppo.value_head import VALUE_HEAD_FILE
+from textenv.ppo.value_head import ValueHead, value_head_hidden_size
 from textenv.testing import tiny_causal_lm
 
 INPUT_IDS = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
@@ -76,7 +79,7 @@ def test_generate_delegates(wrapped):
 
 def test_save_and_load_round_trip(wrapped, tmp_path):
     wrapped.save_pretrained(tmp_path)
-    assert (tmp_path / VALUE_HEAD_FILE).is_file()
+    assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "value_head.safetensors").exists()
     loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path))
     original, restored = wrapped.state_dict(), loaded.state_dict()
     assert original.keys() == restored.keys()
@@ -145,3 +148,124 @@ def test_create_reference_model_custom_pattern_and_errors(wrapped):
     assert reference.pretrained_model.model.layers[0].mlp.up_proj.weight is wrapped.pretrained_model.model.layers[0].mlp.up_proj.weight
     with pytest.raises(ValueError, match="not found"):
         create_reference_model(wrapped, num_shared_layers=1, pattern="decoder.blocks.{layer}")
+
+
+# ------------------------------------------------------------------------------------------------ legacy API
+def tiny_gpt2(seed=0, **overrides):
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=5, n_head=2, **overrides)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_legacy_class_and_instance_attributes(wrapped):
+    cls = AutoModelForCausalLMWithValueHead
+    assert cls.transformers_parent_class is AutoModelForCausalLM
+    assert cls.lm_head_namings == ["lm_head", "embed_out"]
+    assert cls.supported_args == ("summary_dropout_prob", "v_head_initializer_range", "v_head_init_strategy")
+    assert wrapped.config is wrapped.pretrained_model.config
+    assert wrapped.is_peft_model is False and wrapped.is_sequential_parallel is False
+    assert wrapped.is_loaded_in_8bit is False and wrapped.is_loaded_in_4bit is False
+    assert wrapped.supports_rm_adapter is False and wrapped.rm_adapter_name is None
+    assert wrapped.policy_adapter_name == "default"
+    assert isinstance(wrapped.v_head.flatten, torch.nn.Flatten)
+    assert wrapped.causal_lm is wrapped.pretrained_model and wrapped.device.type == "cpu"
+
+
+@pytest.mark.filterwarnings("ignore:.*is deprecated and will be removed in v6:FutureWarning")
+def test_gradient_checkpointing_and_generation_helpers_delegate(wrapped):
+    wrapped.gradient_checkpointing_enable()
+    assert wrapped.pretrained_model.is_gradient_checkpointing
+    wrapped.gradient_checkpointing_disable()
+    assert not wrapped.pretrained_model.is_gradient_checkpointing
+    wrapped.enable_input_require_grads()
+    embeddings = wrapped.pretrained_model.get_input_embeddings()(INPUT_IDS)
+    assert embeddings.requires_grad
+    inputs = wrapped.prepare_inputs_for_generation(INPUT_IDS, attention_mask=torch.ones_like(INPUT_IDS))
+    assert torch.equal(inputs["input_ids"], INPUT_IDS)
+
+
+def test_dropout_from_config_wins_over_the_argument():
+    base = tiny_gpt2()
+    base.config.summary_dropout_prob = 0.5
+    assert AutoModelForCausalLMWithValueHead.from_pretrained(base, summary_dropout_prob=0.2).v_head.dropout.p == 0.5
+    assert AutoModelForCausalLMWithValueHead.from_pretrained(tiny_gpt2(), summary_dropout_prob=0.2).v_head.dropout.p == 0.2
+    assert AutoModelForCausalLMWithValueHead(tiny_gpt2()).v_head.dropout.p == 0.1
+    assert isinstance(AutoModelForCausalLMWithValueHead(tiny_gpt2(), summary_dropout_prob=None).v_head.dropout, torch.nn.Identity)
+
+
+def test_value_head_hidden_size_rules():
+    from types import SimpleNamespace
+
+    from transformers import BertConfig, EncoderDecoderConfig
+
+    assert value_head_hidden_size(GPT2Config(n_embd=24)) == 24
+    opt = OPTConfig(hidden_size=32, word_embed_proj_dim=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+    assert value_head_hidden_size(opt) == 16
+    model = AutoModelForCausalLMWithValueHead(OPTForCausalLM(opt))
+    assert model.v_head.summary.in_features == 16
+    assert model(input_ids=INPUT_IDS % 64)[2].shape == (2, 6)  # the projected width is what the head reads
+    encoder_decoder = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(hidden_size=48), BertConfig(hidden_size=40))
+    assert value_head_hidden_size(encoder_decoder) == 40
+    assert value_head_hidden_size(SimpleNamespace(d_model=12)) == 12
+    assert value_head_hidden_size(SimpleNamespace(n_embd=20)) == 20
+    with pytest.raises(ValueError, match="hidden size"):
+        value_head_hidden_size(SimpleNamespace())
+
+
+def test_value_head_applies_dropout_before_the_upcast():
+    head = ValueHead(GPT2Config(n_embd=16), summary_dropout_prob=0.3).train()
+    hidden = torch.randn(2, 5, 16).bfloat16()
+    torch.manual_seed(1)
+    got = head(hidden)
+    torch.manual_seed(1)
+    expected = head.summary(head.dropout(hidden).float())
+    assert got.dtype == torch.float32
+    assert torch.equal(got, expected)
+
+
+def test_model_without_lm_head_is_refused():
+    from transformers import T5Config, T5Model
+
+    with pytest.raises(ValueError, match="language model head"):
+        AutoModelForCausalLMWithValueHead.from_pretrained(tiny_gpt2().transformer)
+    with pytest.raises(ValueError, match="language model head"):
+        AutoModelForCausalLMWithValueHead(T5Model(T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2)))
+    with pytest.raises(ValueError, match="string or a PreTrainedModel"):
+        AutoModelForCausalLMWithValueHead.from_pretrained(42)
+
+
+def test_unknown_constructor_arguments_warn():
+    with pytest.warns(UserWarning, match="summary_dropout"):
+        AutoModelForCausalLMWithValueHead(tiny_gpt2(), summary_dropout=0.3)
+
+
+def test_device_map_checks():
+    base = tiny_gpt2()
+    base.hf_device_map = {"transformer": "cpu", "lm_head": "disk"}
+    with pytest.raises(ValueError, match="offloaded"):
+        AutoModelForCausalLMWithValueHead.from_pretrained(base)
+    base.hf_device_map = {"": "cpu"}
+    assert AutoModelForCausalLMWithValueHead.from_pretrained(base).is_sequential_parallel is False
+    base.hf_device_map = {"transformer": 0, "lm_head": 1}  # dispatched: outputs are gathered on the head's device
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(base)
+    assert model.is_sequential_parallel is True
+    assert all(t.device.type == "cpu" for t in model(input_ids=INPUT_IDS % 64) if isinstance(t, torch.Tensor))
+
+
+@pytest.mark.parametrize("shared", [None, 1])
+def test_reference_model_legacy_parameter_names(shared):
+    # legacy ReferenceModelTest: parameters are addressed as "pretrained_model.transformer.h.{layer}...".
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_gpt2())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1)
+    name = "pretrained_model.transformer.h.{}.attn.c_attn.weight"
+    reference = create_reference_model(model, num_shared_layers=shared)
+    before = {i: model.get_parameter(name.format(i)).detach().clone() for i in (0, 4)}
+    reference_before = {i: reference.get_parameter(name.format(i)).detach().clone() for i in (0, 4)}
+    ids = torch.tensor([[0, 1, 2, 3]])
+    model(input_ids=ids, labels=ids)[1].backward()
+    optimizer.step()
+    for i in (0, 4):
+        assert torch.equal(before[i], reference_before[i])
+        assert torch.equal(reference.get_parameter(name.format(i)), reference_before[i])
+    assert torch.equal(model.get_parameter(name.format(0)), before[0]) == (shared == 1)
+    assert not torch.equal(model.get_parameter(name.format(4)), before[4])

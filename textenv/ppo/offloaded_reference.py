@@ -49,12 +49,14 @@ class OffloadedReference:
         self.folder = tempfile.mkdtemp(prefix="textenv-reference-", dir=folder)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self.path = os.path.join(self.folder, SNAPSHOT_FILE)
-        state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+        # Named by module path (as ``named_parameters``), not by ``state_dict()`` keys, which a module's state-dict
+        # hooks may rename (the value-head wrappers drop their ``pretrained_model.`` prefix).
+        state = {name: tensor.detach().cpu() for name, tensor in _state_tensors(model)}
         torch.save(state, self.path)  # tensors that share storage (tied embeddings) are written once
         self.skeleton = _weightless_copy(model, self.device)
-        # The skeleton's own parameter and buffer objects by state-dict name: loading sets their ``.data``, so
+        # The skeleton's own parameter and buffer objects by the same names: loading sets their ``.data``, so
         # tied weights stay one parameter.
-        self._slots = {name: tensor for name, tensor in _named_tensors(self.skeleton) if name in state}
+        self._slots = dict(_state_tensors(self.skeleton))
         self._empty = {name: _placeholder(tensor, self.device) for name, tensor in state.items()}
         del state
 
@@ -90,6 +92,14 @@ def _placeholder(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=tensor.dtype, device=device)
 
 
-def _named_tensors(model: nn.Module):
-    yield from model.named_parameters(remove_duplicate=False)
-    yield from model.named_buffers(remove_duplicate=False)
+def _state_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What ``state_dict`` holds (parameters and persistent buffers, shared ones under each of their names),
+    named by module path; non-persistent buffers (rotary tables) stay in the skeleton as copied."""
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for name, param in module._parameters.items():
+            if param is not None:
+                yield prefix + name, param
+        for name, buffer in module._buffers.items():
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                yield prefix + name, buffer
