@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch default")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-share-prefix", action="store_true", help="run every row in full (PPOConfig.share_prompt_prefix=False)")
+    parser.add_argument("--step-in-backward", action="store_true", help="opt in to PPOConfig.step_in_backward (no .grad left)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_bundled_model(value_head=True)
     config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs,
                        kl_penalty=args.kl_penalty, accelerator_kwargs={"cpu": args.device == "cpu"},
-                       share_prompt_prefix=not args.no_share_prefix)
+                       share_prompt_prefix=not args.no_share_prefix, step_in_backward=args.step_in_backward)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided")
         trainer = PPOTrainer(config, model, tokenizer=tokenizer)
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         "query_tokens_mean": sum(len(q) for q in queries) / len(queries),
         "response_tokens_mean": sum(len(r) for r in responses) / len(responses),
         "torch_threads": torch.get_num_threads(), "device": str(trainer.current_device),
-        "share_prompt_prefix": config.share_prompt_prefix,
+        "share_prompt_prefix": config.share_prompt_prefix, "step_in_backward": config.step_in_backward,
         "rss_before_step_mb": rss_before / 2**20, "steps": [],
     }
     for _ in range(args.steps):

@@ -169,3 +169,28 @@ def test_bundled_tokenizer_text_environment_to_ppo_step(tokenizer):
         stats = trainer.step(queries, responses, rewards, masks)
         assert stats["ppo/mean_scores"] == pytest.approx(1.0)
         assert all(param.grad is not None for param in trainer.model.parameters() if param.requires_grad)
+
+
+def test_seq2seq_model_steps_through_the_legacy_passes():
+    """An encoder-decoder policy (tiny T5): queries feed the encoder, responses the decoder; a raw reference
+    model is wrapped with the seq2seq value head."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from textenv import AutoModelForSeq2SeqLMWithValueHead
+
+    config = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    policy = AutoModelForSeq2SeqLMWithValueHead(T5ForConditionalGeneration(config))
+    reference = T5ForConditionalGeneration(config)
+    reference.load_state_dict(policy.pretrained_model.state_dict())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1, ppo_epochs=1), policy, ref_model=reference)
+    assert trainer.is_encoder_decoder and isinstance(trainer.ref_model, AutoModelForSeq2SeqLMWithValueHead)
+    trainer.optimizer.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=False)
+    queries = [torch.tensor([5, 6, 7, 1]), torch.tensor([8, 9, 1])]
+    responses = [torch.tensor([0, 10, 11, 12, 1]), torch.tensor([0, 13, 14, 1])]
+    stats = trainer.step(queries, responses, [torch.tensor(1.0), torch.tensor(0.0)])
+    assert stats["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # identical reference, first step
+    assert stats["ppo/loss/total"] != 0.0
+    assert all(param.grad is not None for param in trainer.model.parameters() if param.requires_grad)

@@ -246,11 +246,11 @@ def test_peft_save_layout_and_reload(tmp_path):
     assert sorted(head) == sorted(HEAD_KEYS)  # legacy: pytorch_model.bin holds only the value head
     assert torch.equal(head["v_head.summary.weight"], model.v_head.summary.weight)
 
-    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(folder))
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(folder), is_trainable=True)
     assert loaded.is_peft_model
     assert_same_weights(model, loaded)
     assert all(p.requires_grad for n, p in loaded.named_parameters() if "lora_" in n)
-    frozen = AutoModelForCausalLMWithValueHead.from_pretrained(str(folder), is_trainable=False)
+    frozen = AutoModelForCausalLMWithValueHead.from_pretrained(str(folder))  # legacy default: is_trainable=False
     assert not any(p.requires_grad for n, p in frozen.named_parameters() if "lora_" in n)
     peft_state = model.state_dict()
     assert any("lora_A.default" in k for k in peft_state) and list(peft_state)[-2:] == HEAD_KEYS

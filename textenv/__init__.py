@@ -28,6 +28,8 @@ _PUBLIC_NAMES = {
     "PPOConfig": "textenv.ppo",
     "PPOTrainer": "textenv.ppo",
     "AutoModelForCausalLMWithValueHead": "textenv.ppo",
+    "AutoModelForSeq2SeqLMWithValueHead": "textenv.ppo",
+    "PreTrainedModelWrapper": "textenv.ppo",
     "create_reference_model": "textenv.ppo",
     "set_seed": "textenv.ppo",
     "LengthSampler": "textenv.ppo",

@@ -266,7 +266,8 @@ class PreTrainedModelWrapper(nn.Module):
             model_args: passed to ``from_pretrained`` of ``transformers_parent_class``.
             peft_config: a ``peft.PeftConfig``: wrap the model with a new adapter (ignored, with a warning, for
                 an adapter folder or a model that is already a PeftModel).
-            is_trainable: for an adapter folder, whether the loaded adapter is trainable (default ``True``).
+            is_trainable: for an adapter folder, whether the loaded adapter is trainable (default ``False``, as
+                legacy TRL: pass ``is_trainable=True`` to go on training a saved adapter).
             reward_adapter: folder or Hub id of a reward-modeling adapter to load next to the policy adapter
                 (PEFT models only); ``reward_adapter_name`` (default ``"reward_adapter"``) names it.
             kwargs: value-head options (``supported_args``), ``prepare_model_for_kbit_training`` options, and
@@ -275,7 +276,7 @@ class PreTrainedModelWrapper(nn.Module):
         peft_config = kwargs.pop("peft_config", None)
         reward_adapter = kwargs.pop("reward_adapter", None)
         reward_adapter_name = kwargs.pop("reward_adapter_name", "reward_adapter")
-        is_trainable = kwargs.pop("is_trainable", True)
+        is_trainable = kwargs.pop("is_trainable", False)
         head_kwargs, pretrained_kwargs, kbit_kwargs = cls._split_kwargs(kwargs)
         _rename_torch_dtype(pretrained_kwargs)
         token = pretrained_kwargs.get("token")

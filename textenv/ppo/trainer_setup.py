@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from textenv.ppo.offloaded_reference import OffloadedReference, should_offload
+from textenv.ppo.reference_model import create_reference_model
+from textenv.ppo.seq2seq_value_head import AutoModelForSeq2SeqLMWithValueHead
 from textenv.ppo.step_in_backward import StepInBackward
-from textenv.ppo.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
+from textenv.ppo.value_head import AutoModelForCausalLMWithValueHead
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
@@ -103,7 +105,8 @@ def build_reference(trainer, model, ref_model, num_shared_layers):
                 stacklevel=3,
             )
         if not is_value_head_model(ref_model):
-            ref_model = AutoModelForCausalLMWithValueHead(ref_model)
+            wrapper = AutoModelForSeq2SeqLMWithValueHead if trainer.is_encoder_decoder else AutoModelForCausalLMWithValueHead
+            ref_model = wrapper(ref_model)
         for param in ref_model.parameters():
             param.requires_grad_(False)
         return ref_model.eval()

@@ -10,7 +10,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
-from textenv.ppo.reference_model import LAYER_PATTERNS, create_reference_model  # noqa: F401  (public here too)
 
 VALUE_HEAD_KWARGS = ("summary_dropout_prob", "v_head_initializer_range", "v_head_init_strategy")
 # Config attributes that change the logits after the LM head; such models take the generic forward path.
