@@ -3,14 +3,13 @@ legacy TRL 0.11.4 (loading, saving and state-dict layout are in `textenv.ppo.pre
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM
 
 from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
-from textenv.ppo.value_head import VALUE_HEAD_KWARGS, ValueHead, as_index
+from textenv.ppo.value_head import VALUE_HEAD_KWARGS, as_index, attach_value_head
 
 
 class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
@@ -46,14 +45,8 @@ class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
         **kwargs,
     ):
         super().__init__(pretrained_model, score_module, supports_rm_adapter, rm_adapter_name)
-        if kwargs:
-            warnings.warn(f"Ignoring unknown arguments {sorted(kwargs)}", UserWarning, stacklevel=2)
         self.is_encoder_decoder = True
-        if not self._has_lm_head():
-            raise ValueError("The model does not have a language model head, please use a model that has one.")
-        self.v_head = ValueHead(self.config, summary_dropout_prob=summary_dropout_prob)
-        self._init_weights(v_head_initializer_range=v_head_initializer_range, v_head_init_strategy=v_head_init_strategy)
-        self.v_head.to(self._head_device())
+        attach_value_head(self, summary_dropout_prob, v_head_initializer_range, v_head_init_strategy, kwargs)
 
     def _has_lm_head(self) -> bool:
         # legacy: a module whose name mentions one of `lm_head_namings` anywhere inside the wrapped model

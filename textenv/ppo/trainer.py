@@ -208,30 +208,14 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         t = time.time()
         model_inputs = self._pad_across_processes(self.prepare_model_inputs(queries, responses))
         legacy_forward = self._runs_legacy_forward()
-        full_kl = config.kl_penalty == "full"
-        packed = None
         with torch.no_grad():
-            if legacy_forward:
-                logprobs, logits, values, masks = self.batched_forward_pass(
-                    self.model, queries, responses, model_inputs, response_masks=response_masks, return_logits=full_kl
-                )
-                with self._reference_context() as reference:
-                    ref_logprobs, ref_logits, _, _ = self.batched_forward_pass(
-                        reference, queries, responses, model_inputs, return_logits=full_kl
-                    )
-            else:
-                packed = pack_batch(queries, responses, response_masks, model_inputs["input_ids"], model_inputs["attention_mask"])
-                logprobs, ref_logprobs, values = self._windowed_rollout_forward(packed)
-                masks = packed.masks
+            logprobs, ref_logprobs, values, masks, packed, kl_inputs = self._rollout_forward(
+                queries, responses, response_masks, model_inputs, legacy_forward
+            )
         timing["time/ppo/forward_pass"] = time.time() - t
 
         with torch.no_grad():
             t = time.time()
-            if full_kl:
-                kl_inputs = (core.logprobs_from_logits(logits, None, gather=False), core.logprobs_from_logits(ref_logits, None, gather=False))
-                del logits, ref_logits
-            else:
-                kl_inputs = (logprobs, ref_logprobs)
             rewards, non_score_reward, kls = self.compute_rewards(scores, *kl_inputs, masks)
             del kl_inputs
             timing["time/ppo/compute_rewards"] = time.time() - t
@@ -267,6 +251,31 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             self.lr_scheduler.step()
         self.current_step += 1
         return stats
+
+    def _rollout_forward(self, queries, responses, response_masks, model_inputs, legacy_forward: bool):
+        """The no-grad passes of the policy and the reference over the whole batch.
+
+        Returns:
+            `(logprobs, ref_logprobs, values, masks, packed, kl_inputs)`: `[B, T]` tensors, the windowed path's
+            [`PackedBatch`] (``None`` on the legacy path) and the two arguments `compute_rewards` compares (full
+            `[B, T, V]` log-probabilities for ``kl_penalty="full"``).
+        """
+        full_kl = self.config.kl_penalty == "full"
+        if not legacy_forward:
+            packed = pack_batch(queries, responses, response_masks, model_inputs["input_ids"], model_inputs["attention_mask"])
+            logprobs, ref_logprobs, values = self._windowed_rollout_forward(packed)
+            return logprobs, ref_logprobs, values, packed.masks, packed, (logprobs, ref_logprobs)
+        logprobs, logits, values, masks = self.batched_forward_pass(
+            self.model, queries, responses, model_inputs, response_masks=response_masks, return_logits=full_kl
+        )
+        with self._reference_context() as reference:
+            ref_logprobs, ref_logits, _, _ = self.batched_forward_pass(
+                reference, queries, responses, model_inputs, return_logits=full_kl
+            )
+        kl_inputs = (logprobs, ref_logprobs)
+        if full_kl:
+            kl_inputs = (core.logprobs_from_logits(logits, None, gather=False), core.logprobs_from_logits(ref_logits, None, gather=False))
+        return logprobs, ref_logprobs, values, masks, None, kl_inputs
 
     def _runs_legacy_forward(self) -> bool:
         """Whether `step` must run `batched_forward_pass` / `train_minibatch` / `loss` themselves (overridden, or

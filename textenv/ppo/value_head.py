@@ -63,6 +63,23 @@ class ValueHead(nn.Module):
         return self.summary(output)
 
 
+def attach_value_head(
+    wrapper: PreTrainedModelWrapper,
+    summary_dropout_prob: float | None,
+    v_head_initializer_range: float,
+    v_head_init_strategy: str | None,
+    unknown_kwargs: dict,
+) -> None:
+    """Give ``wrapper`` its initialised ``v_head`` on the LM head's device (``ValueError`` without an LM head)."""
+    if unknown_kwargs:
+        warnings.warn(f"Ignoring unknown arguments {sorted(unknown_kwargs)}", UserWarning, stacklevel=3)
+    if not wrapper._has_lm_head():
+        raise ValueError("The model does not have a language model head, please use a model that has one.")
+    wrapper.v_head = ValueHead(wrapper.config, summary_dropout_prob=summary_dropout_prob)
+    wrapper._init_weights(v_head_initializer_range=v_head_initializer_range, v_head_init_strategy=v_head_init_strategy)
+    wrapper.v_head.to(wrapper._head_device())
+
+
 class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
     """Any ``AutoModelForCausalLM`` (optionally a PEFT model) plus a [`ValueHead`].
 
@@ -95,13 +112,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
         **kwargs,
     ):
         super().__init__(pretrained_model, score_module, supports_rm_adapter, rm_adapter_name)
-        if kwargs:
-            warnings.warn(f"Ignoring unknown arguments {sorted(kwargs)}", UserWarning, stacklevel=2)
-        if not self._has_lm_head():
-            raise ValueError("The model does not have a language model head, please use a model that has one.")
-        self.v_head = ValueHead(self.config, summary_dropout_prob=summary_dropout_prob)
-        self._init_weights(v_head_initializer_range=v_head_initializer_range, v_head_init_strategy=v_head_init_strategy)
-        self.v_head.to(self._head_device())
+        attach_value_head(self, summary_dropout_prob, v_head_initializer_range, v_head_init_strategy, kwargs)
 
     # ---------------------------------------------------------------------------------------------------------
     @property
