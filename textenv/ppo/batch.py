@@ -47,11 +47,6 @@ def right_pad(sequences: list[torch.Tensor], pad_value: int) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=pad_value)
 
 
-def left_pad(sequences: list[torch.Tensor], pad_value: int) -> torch.Tensor:
-    """Stack 1-D tensors into `[B, max_len]`, padding on the left."""
-    return right_pad([sequence.flip(0) for sequence in sequences], pad_value).flip(1)
-
-
 def pack_batch(
     queries: list[torch.Tensor],
     responses: list[torch.Tensor],

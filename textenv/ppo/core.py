@@ -125,9 +125,7 @@ def full_kl_penalty(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 
     ``logits`` may be unnormalised (they are log-softmaxed first); log-probabilities work as well.
     """
-    logp = F.log_softmax(logits.float(), dim=-1)
-    ref_logp = F.log_softmax(ref_logits.float(), dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+    return kl_penalty(F.log_softmax(logits.float(), dim=-1), F.log_softmax(ref_logits.float(), dim=-1), "full")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from textenv.ppo import core
-from textenv.ppo.batch import left_pad, right_pad
+from textenv.ppo.batch import right_pad
 from textenv.ppo.inputs import check_step_inputs
+from textenv.rollout.engine import left_pad
 
 # Methods whose override makes `step` run the legacy forward passes (they see full-width logits).
 FORWARD_HOOKS = ("batched_forward_pass", "train_minibatch", "loss")
@@ -68,11 +69,11 @@ class PPOStepMethods:
         if self.training_data_collator is not None:
             padded = self.training_data_collator([{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in rows])
             return {key: padded[key].to(self.current_device) for key in ("input_ids", "attention_mask")}
-        pad = left_pad if self._pads_left() else right_pad
-        return {
-            "input_ids": pad(rows, self.pad_token_id).to(self.current_device),
-            "attention_mask": pad([torch.ones_like(row) for row in rows], 0).to(self.current_device),
-        }
+        if self._pads_left():
+            input_ids, attention_mask = left_pad(rows, self.pad_token_id)
+        else:
+            input_ids, attention_mask = right_pad(rows, self.pad_token_id), right_pad([torch.ones_like(row) for row in rows], 0)
+        return {"input_ids": input_ids.to(self.current_device), "attention_mask": attention_mask.to(self.current_device)}
 
     def _pads_left(self) -> bool:
         return getattr(self.tokenizer, "padding_side", "right") == "left"
