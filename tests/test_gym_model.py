@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from textenv.gym import GymScheduler, load_plugins, ppo_batch, read_completions, train_on_gym
-from textenv.rollout.engine import RolloutEngine
+from textenv.engine.engine import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_PLUGIN = ROOT / "examples" / "gym_plugin.py"

@@ -17,7 +17,7 @@ from textenv.gym import (
     load_plugins,
     read_completions,
 )
-from textenv.rollout.engine import Completion
+from textenv.engine.engine import Completion
 
 PLUGIN = Path(__file__).parent / "plugins" / "gym_guess_plugin.py"
 

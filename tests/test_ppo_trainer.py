@@ -267,7 +267,7 @@ def test_tool_token_logprobs_get_no_gradient():
     mask = torch.tensor([1, 1, 0, 0, 0, 1, 1], dtype=torch.float)
     packed = packed_batch(trainer, queries, responses, [mask])
     with torch.no_grad():
-        old_logprobs, ref_logprobs, old_values = trainer._windowed_rollout_forward(packed)
+        old_logprobs, ref_logprobs, old_values = trainer._windowed_experience_forward(packed)
     from textenv.ppo import core
 
     kls = old_logprobs - ref_logprobs
@@ -297,7 +297,7 @@ def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenize
         trainer = make_trainer(tokenizer=tokenizer, batch_size=3, mini_batch_size=mini_batch_size)
         packed = packed_batch(trainer, queries, responses, masks)
         with torch.no_grad():
-            outputs = trainer._windowed_rollout_forward(packed)
+            outputs = trainer._windowed_experience_forward(packed)
         results.append((packed.masks, outputs))
     # a different padding: every row on its own (no padding at all)
     trainer = make_trainer(tokenizer=tokenizer, batch_size=1, mini_batch_size=1)
@@ -305,7 +305,7 @@ def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenize
     for q, r, m in zip(queries, responses, masks):
         packed = packed_batch(trainer, [q], [r], [m])
         with torch.no_grad():
-            logprobs, _, values = trainer._windowed_rollout_forward(packed)
+            logprobs, _, values = trainer._windowed_experience_forward(packed)
         single.append((logprobs[0][packed.masks[0].bool()], values[0][packed.masks[0].bool()]))
 
     (mask_a, out_a), (mask_b, out_b) = results

@@ -16,8 +16,8 @@ _PUBLIC_NAMES = {
     "TextEnvironment": "textenv.environment",
     "TextHistory": "textenv.environment",
     "parse_tool_call": "textenv.environment",
-    # rollout
-    "RolloutEngine": "textenv.rollout",
+    # generation engine
+    "RolloutEngine": "textenv.engine",
     # tools
     "Calculator": "textenv.tools",
     "PythonInterpreter": "textenv.tools",

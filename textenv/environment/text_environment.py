@@ -21,7 +21,7 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.rollout.engine import RolloutEngine, ensure_pad_token, model_device, unwrap_model
+from textenv.engine.engine import RolloutEngine, ensure_pad_token, model_device, unwrap_model
 from textenv.tools.base import call_tool, tools_by_name
 
 DEFAULT_MAX_TOOL_RESPONSE = 100

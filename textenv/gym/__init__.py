@@ -1,4 +1,4 @@
-"""The ms-swift (>= 3.8) Gym interface on textenv's rollout engine.
+"""The ms-swift (>= 3.8) Gym interface on textenv's generation engine.
 
 `Env` and `ContextManager` are the contracts; `envs` and `context_managers` map names to classes (extend
 them from a plugin file loaded with `load_plugins`); `GymScheduler` runs episodes and returns them as

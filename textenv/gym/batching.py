@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from textenv.rollout.engine import Completion
+from textenv.engine.engine import Completion
 
 GenerateFn = Callable[[List[torch.Tensor], Tuple[str, ...]], List[Completion]]
 

@@ -10,7 +10,7 @@ from typing import Callable, List, Sequence
 
 import torch
 
-from textenv.rollout.engine import FINISH_EOS, Completion
+from textenv.engine.engine import FINISH_EOS, Completion
 
 
 class ScriptedPolicy:

@@ -1,4 +1,4 @@
-"""`GymScheduler`: runs gym episodes concurrently on the shared rollout engine.
+"""`GymScheduler`: runs gym episodes concurrently on the shared generation engine.
 
 For every dataset row (times `num_generations`): a fresh env and context manager; `reset` gives the
 system and first user message; each turn the context manager picks the messages, the model replies
@@ -32,7 +32,7 @@ from textenv.gym.registry import load_plugins, resolve_context_manager, resolve_
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.transcript import Transcript, check_loss_scale
 from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
-from textenv.rollout.engine import Completion, RolloutEngine
+from textenv.engine.engine import Completion, RolloutEngine
 
 Policy = Callable[[List[torch.Tensor], Sequence[str]], List[Completion]]
 

@@ -17,7 +17,7 @@ import torch
 from textenv.environment.history import TextHistory
 from textenv.gym.chat import ChatRenderer
 from textenv.gym.env import Message, Messages
-from textenv.rollout.engine import Completion
+from textenv.engine.engine import Completion
 
 LOSS_SCALES = ("last_round", "default", "all")
 

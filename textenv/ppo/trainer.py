@@ -209,7 +209,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         model_inputs = self._pad_across_processes(self.prepare_model_inputs(queries, responses))
         legacy_forward = self._runs_legacy_forward()
         with torch.no_grad():
-            logprobs, ref_logprobs, values, masks, packed, kl_inputs = self._rollout_forward(
+            logprobs, ref_logprobs, values, masks, packed, kl_inputs = self._experience_forward(
                 queries, responses, response_masks, model_inputs, legacy_forward
             )
         timing["time/ppo/forward_pass"] = time.time() - t
@@ -224,10 +224,10 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             timing["time/ppo/compute_advantages"] = time.time() - t
 
         t = time.time()
-        rollout = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
+        experience = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
                    "logprobs": logprobs.float(), "values": values.float(), "masks": masks,
                    "advantages": advantages, "returns": returns}
-        all_stats = self._optimise(rollout, legacy_forward)
+        all_stats = self._optimise(experience, legacy_forward)
         timing["time/ppo/optimize_step"] = time.time() - t
 
         t = time.time()
@@ -252,7 +252,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         self.current_step += 1
         return stats
 
-    def _rollout_forward(self, queries, responses, response_masks, model_inputs, legacy_forward: bool):
+    def _experience_forward(self, queries, responses, response_masks, model_inputs, legacy_forward: bool):
         """The no-grad passes of the policy and the reference over the whole batch.
 
         Returns:
@@ -263,7 +263,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         full_kl = self.config.kl_penalty == "full"
         if not legacy_forward:
             packed = pack_batch(queries, responses, response_masks, model_inputs["input_ids"], model_inputs["attention_mask"])
-            logprobs, ref_logprobs, values = self._windowed_rollout_forward(packed)
+            logprobs, ref_logprobs, values = self._windowed_experience_forward(packed)
             return logprobs, ref_logprobs, values, packed.masks, packed, (logprobs, ref_logprobs)
         logprobs, logits, values, masks = self.batched_forward_pass(
             self.model, queries, responses, model_inputs, response_masks=response_masks, return_logits=full_kl
@@ -307,7 +307,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
     # ---------------------------------------------------------------------------------------------
     # optimisation
     # ---------------------------------------------------------------------------------------------
-    def _optimise(self, rollout: dict, legacy_forward: bool) -> list[dict]:
+    def _optimise(self, experience: dict, legacy_forward: bool) -> list[dict]:
         """``ppo_epochs`` passes over random mini-batches (grouped into backward batches for accumulation)."""
         config = self.config
         all_stats = []
@@ -318,21 +318,21 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
                 for mini_begin in range(0, config.backward_batch_size, config.mini_batch_size):
                     rows = backward_rows[mini_begin : mini_begin + config.mini_batch_size]
                     with self.accelerator.accumulate(self.model):
-                        all_stats.append(self._train_rows(rollout, rows, legacy_forward))
+                        all_stats.append(self._train_rows(experience, rows, legacy_forward))
             if config.early_stopping and self._early_stop(all_stats[-1]["policy/policykl"]):
                 break
         return all_stats
 
-    def _train_rows(self, rollout: dict, rows: np.ndarray, legacy_forward: bool) -> dict:
-        index = torch.as_tensor(rows, device=rollout["masks"].device)
-        old = {key: rollout[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
+    def _train_rows(self, experience: dict, rows: np.ndarray, legacy_forward: bool) -> dict:
+        index = torch.as_tensor(rows, device=experience["masks"].device)
+        old = {key: experience[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
         if not legacy_forward:
             return self._windowed_train_minibatch(
-                rollout["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"]
+                experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"]
             )
-        queries = [rollout["queries"][row] for row in rows]
-        responses = [rollout["responses"][row] for row in rows]
-        model_inputs = {key: value[index] for key, value in rollout["model_inputs"].items()}
+        queries = [experience["queries"][row] for row in rows]
+        responses = [experience["responses"][row] for row in rows]
+        model_inputs = {key: value[index] for key, value in experience["model_inputs"].items()}
         logprobs, logits, vpreds, _ = self.batched_forward_pass(self.model, queries, responses, model_inputs, return_logits=True)
         return self.train_minibatch(
             old["logprobs"], old["values"], logprobs, logits, vpreds, old["masks"], old["advantages"], old["returns"]

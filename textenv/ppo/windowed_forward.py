@@ -83,7 +83,7 @@ class WindowedForwardMixin:
         """`[b, W]` values of the window -> `[b, L - 1]`, zero outside the window."""
         return F.pad(window_values, (window.start, num_positions - window.stop))
 
-    def _windowed_rollout_forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _windowed_experience_forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """No-grad passes of the policy and the reference, one mini-batch at a time.
 
         Returns:

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from textenv.rollout.kv_cache import GrowingLayer, growing_cache, merged_cache
-from textenv.rollout.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
-from textenv.rollout.sampling import SamplingSettings
-from textenv.rollout.stopping import FINISH_LENGTH, StopChecker
+from textenv.engine.kv_cache import GrowingLayer, growing_cache, merged_cache
+from textenv.engine.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
+from textenv.engine.sampling import SamplingSettings
+from textenv.engine.stopping import FINISH_LENGTH, StopChecker
 
 MIN_SHARED_PREFIX = 16  # tokens; shorter common prefixes are not worth a separate forward pass
 

@@ -5,11 +5,11 @@ and the fallback to `generate` for settings the loop does not implement."""
 import pytest
 import torch
 
-import textenv.rollout.engine as engine_module
-from textenv.rollout import RolloutEngine
-from textenv.rollout.decoding import supports_fast_decoding
-from textenv.rollout.prefix_cache import PrefixCache, common_prefix_length
-from textenv.rollout.sampling import SamplingSettings
+import textenv.engine.engine as engine_module
+from textenv.engine import RolloutEngine
+from textenv.engine.decoding import supports_fast_decoding
+from textenv.engine.prefix_cache import PrefixCache, common_prefix_length
+from textenv.engine.sampling import SamplingSettings
 
 PROMPT = "You are a calculator. Answer with <request><Calc>expression<call> and end with <submit>.\n\n"
 QUERIES = ["What is 1+1?", "What is 12*7, please?", "Compute 3-5.", "And 100/4?"]
@@ -179,7 +179,7 @@ def test_unsupported_kwargs_fall_back_to_generate(tiny_model, tokenizer):
 
 def test_prefix_cache_ages_out_unused_entries():
     cache = PrefixCache(max_idle_calls=1)
-    from textenv.rollout.prefix_cache import CacheEntry
+    from textenv.engine.prefix_cache import CacheEntry
 
     entry = CacheEntry(token_ids=torch.tensor([1, 2, 3]), layers=[])
     cache.add(entry)

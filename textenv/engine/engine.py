@@ -1,4 +1,4 @@
-"""The rollout engine: batched generation of one model turn for many episodes at once.
+"""The generation engine: batched generation of one model turn for many episodes at once.
 
 Both front ends (TextEnvironment and the Gym scheduler) generate through `RolloutEngine.generate`. It
 takes each episode's exact context token ids and stops every row at its own stop strings or EOS, keeping
@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from textenv.rollout.decoding import BatchDecoder, supports_fast_decoding
-from textenv.rollout.hf_generate import generate_with_hf
-from textenv.rollout.prefix_cache import PrefixCache
-from textenv.rollout.sampling import SamplingSettings
-from textenv.rollout.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
+from textenv.engine.decoding import BatchDecoder, supports_fast_decoding
+from textenv.engine.hf_generate import generate_with_hf
+from textenv.engine.prefix_cache import PrefixCache
+from textenv.engine.sampling import SamplingSettings
+from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
 
 DEFAULT_MAX_NEW_TOKENS = 32
 

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from textenv.rollout.stopping import FINISH_LENGTH, StopChecker
+from textenv.engine.stopping import FINISH_LENGTH, StopChecker
 
 
 class _RowStopper(StoppingCriteria):

@@ -3,7 +3,7 @@
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from textenv.rollout.kv_cache import GrowingLayer, growing_cache
+from textenv.engine.kv_cache import GrowingLayer, growing_cache
 from textenv.testing import tiny_causal_lm
 
 
@@ -70,7 +70,7 @@ def test_model_forward_with_growing_cache_equals_dynamic_cache():
 
 
 def test_merged_cache_right_aligns_rows_and_empties_the_sources():
-    from textenv.rollout.kv_cache import merged_cache
+    from textenv.engine.kv_cache import merged_cache
 
     config = tiny_causal_lm().config
     sources = []
