@@ -1,0 +1,29 @@
+"""The limits of one sandboxed run, as the parent configures them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one sandboxed run.
+
+    Args:
+        timeout (`float`): Wall-clock seconds before the process group is killed.
+        memory_mb (`int`): Address-space limit (RLIMIT_AS) in MiB.
+        max_output_chars (`int`): Characters of stdout + stderr read before the process is killed.
+        max_processes (`int`): RLIMIT_NPROC (processes and threads of the sandbox user).
+        max_open_files (`int`): RLIMIT_NOFILE.
+        max_file_mb (`int`): RLIMIT_FSIZE, the largest file the code may write, in MiB.
+        allow_subprocesses (`bool`): Let the code fork or start programs (still bounded by the
+            process limit and killed at the end). Off by default.
+    """
+
+    timeout: float = 5.0
+    memory_mb: int = 512
+    max_output_chars: int = 10_000
+    max_processes: int = 32
+    max_open_files: int = 64
+    max_file_mb: int = 16
+    allow_subprocesses: bool = False

@@ -1,0 +1,159 @@
+"""The parent side of a sandboxed run: start the bootstrap in a fresh working directory, read its output
+under the wall-clock timeout and the output cap, and always clean up afterwards."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .bootstrap import BOOTSTRAP, child_config, read_status
+from .identity import IDENTITIES, Identity, running_as_root
+from .interpreter import sandbox_interpreter
+from .limits import SandboxLimits
+from .reaper import kill_everything, kill_group, wait
+from .workspace import child_environment, prepare_workdir, remove_tree
+
+_STREAMS = ("stdout", "stderr")
+
+
+@dataclass
+class SandboxResult:
+    """What a sandboxed run produced.
+
+    Attributes:
+        stdout, stderr (`str`): Captured output (capped by ``max_output_chars`` together).
+        returncode (`int` or `None`): Exit status; negative for a signal, as in :mod:`subprocess`.
+        timed_out (`bool`): The wall-clock timeout killed the run.
+        output_limited (`bool`): The output cap was reached and the run was killed.
+        duration (`float`): Wall-clock seconds.
+        layers (`dict`): The isolation layers the child reported as active (``network_namespace``,
+            ``uid``, ``rlimits``, ``audit_hook``, ...); empty if it died before reporting.
+    """
+
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool = False
+    output_limited: bool = False
+    duration: float = 0.0
+    layers: dict = field(default_factory=dict)
+
+
+def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run ``code`` in a fresh sandboxed Python process and return what it produced. Thread-safe."""
+    limits = limits or SandboxLimits()
+    identity = IDENTITIES.acquire() if running_as_root() else None
+    workdir = tempfile.mkdtemp(prefix="textenv-sandbox-")
+    try:
+        prepare_workdir(workdir, code, identity)
+        return _run_in(workdir, limits, identity)
+    finally:
+        remove_tree(workdir)
+        if identity is not None:
+            IDENTITIES.release(identity)
+
+
+def _run_in(workdir: str, limits: SandboxLimits, identity: Identity | None) -> SandboxResult:
+    interpreter = sandbox_interpreter() if identity is not None else sys.executable
+    if interpreter is None:  # root, but no interpreter the sandbox user can run: stay root (documented)
+        interpreter, identity = sys.executable, None
+    status_read, status_write = os.pipe()
+    config = child_config(limits, identity, status_write)
+    started = time.monotonic()
+    try:
+        process = _start(interpreter, workdir, config)
+    except BaseException:
+        os.close(status_read)
+        raise
+    finally:
+        os.close(status_write)
+    try:
+        result = _collect(process, limits, started)
+    finally:
+        kill_everything(process, identity)
+    result.layers = read_status(status_read)
+    return result
+
+
+def _start(interpreter: str, workdir: str, config: dict) -> subprocess.Popen:
+    """Start the bootstrap in its own session, passing it the status pipe end named in ``config``."""
+    return subprocess.Popen(
+        [interpreter, "-I", "-c", BOOTSTRAP, json.dumps(config)],
+        cwd=workdir,
+        env=child_environment(workdir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        pass_fds=(config["status_fd"],),
+    )
+
+
+class _CappedOutput:
+    """Decodes stdout/stderr chunks and keeps at most ``max_chars`` characters of the two together."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.total_chars = 0
+        self.limited = False
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in _STREAMS}
+        self._texts = {name: [] for name in _STREAMS}
+
+    def add(self, stream: str, chunk: bytes) -> None:
+        text = self._decoders[stream].decode(chunk)
+        room = max(self.max_chars - self.total_chars, 0)
+        self._texts[stream].append(text[:room])
+        self.total_chars += len(text)
+        self.limited = self.total_chars > self.max_chars
+
+    def text(self, stream: str) -> str:
+        return "".join(self._texts[stream])
+
+
+def _collect(process: subprocess.Popen, limits: SandboxLimits, started: float) -> SandboxResult:
+    """Read stdout/stderr until both close, the timeout passes or the output cap is reached."""
+    output = _CappedOutput(limits.max_output_chars)
+    timed_out = _read_until_done(process, output, started + limits.timeout)
+    if timed_out or output.limited:
+        kill_group(process)
+    returncode = wait(process)
+    return SandboxResult(
+        stdout=output.text("stdout"),
+        stderr=output.text("stderr"),
+        returncode=returncode,
+        timed_out=timed_out,
+        output_limited=output.limited,
+        duration=time.monotonic() - started,
+    )
+
+
+def _read_until_done(process: subprocess.Popen, output: _CappedOutput, deadline: float) -> bool:
+    """Feed ``output`` until both pipes close, the cap is reached or ``deadline`` passes (returns `True`)."""
+    exited_at = None
+    with selectors.DefaultSelector() as selector:
+        for name in _STREAMS:
+            selector.register(getattr(process, name), selectors.EVENT_READ, name)
+        while selector.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            if exited_at is None and process.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > 0.2:
+                return False  # the main process is gone; a leftover child is holding the pipes open
+            for key, _ in selector.select(timeout=min(0.05, deadline - now)):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                output.add(key.data, chunk)
+                if output.limited:
+                    return False
+    return False
