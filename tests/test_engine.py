@@ -1,4 +1,4 @@
-"""The rollout engine's own decoding loop against transformers' `generate`: same greedy tokens, batched
+"""The generation engine's own decoding loop against transformers' `generate`: same greedy tokens, batched
 == one by one, cached prefixes (previous turn, shared prompt) == no cache, per-row stops, EOS, budgets,
 and the fallback to `generate` for settings the loop does not implement."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import textenv.engine.engine as engine_module
-from textenv.engine import RolloutEngine
+from textenv.engine import GenerationEngine as RolloutEngine
 from textenv.engine.decoding import supports_fast_decoding
 from textenv.engine.prefix_cache import PrefixCache, common_prefix_length
 from textenv.engine.sampling import SamplingSettings
@@ -50,7 +50,7 @@ def test_fast_path_is_used_for_llama(tiny_model):
 def test_greedy_matches_hf_generate_tiny(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
-    got = ids(engine.generate(contexts, stop_at_eos=False))
+    got = ids(engine.generate_batch(contexts, stop_at_eos=False))
     assert got == [hf_greedy(tiny_model, tokenizer, c, 12) for c in contexts]
 
 
@@ -58,16 +58,16 @@ def test_greedy_matches_hf_generate_bundled(bundled):
     model, tokenizer = bundled
     contexts = contexts_for(tokenizer)[:3]
     engine = RolloutEngine(model, tokenizer, greedy_kwargs(10))
-    got = ids(engine.generate(contexts, stop_at_eos=False))
+    got = ids(engine.generate_batch(contexts, stop_at_eos=False))
     assert got == [hf_greedy(model, tokenizer, c, 10) for c in contexts]
 
 
 def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, monkeypatch):
     contexts = contexts_for(tokenizer)
     kwargs = greedy_kwargs(16)
-    fast = RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_strings=["a", "e"], stop_at_eos=False)
+    fast = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
     monkeypatch.setattr(engine_module, "supports_fast_decoding", lambda model: False)
-    slow = RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_strings=["a", "e"], stop_at_eos=False)
+    slow = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
     assert ids(fast) == ids(slow)
     assert [c.finish_reason for c in fast] == [c.finish_reason for c in slow]
     assert [c.text for c in fast] == [c.text for c in slow]
@@ -76,8 +76,8 @@ def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, mo
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 16])
 def test_batched_equals_one_by_one(tiny_model, tokenizer, batch_size):
     contexts = contexts_for(tokenizer)
-    one_by_one = [ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate([c], stop_at_eos=False))[0] for c in contexts]
-    batched = ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate(contexts, batch_size=batch_size, stop_at_eos=False))
+    one_by_one = [ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate_batch([c], stop_at_eos=False))[0] for c in contexts]
+    batched = ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate_batch(contexts, batch_size=batch_size, stop_at_eos=False))
     assert batched == one_by_one
 
 
@@ -85,20 +85,20 @@ def test_next_turn_reuses_the_cache_and_matches_no_cache(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     cached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8))
     uncached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8), reuse_cache=False)
-    first = cached.generate(contexts, stop_at_eos=False)
-    assert ids(first) == ids(uncached.generate(contexts, stop_at_eos=False))
+    first = cached.generate_batch(contexts, stop_at_eos=False)
+    assert ids(first) == ids(uncached.generate_batch(contexts, stop_at_eos=False))
     tool = tokenizer("42<response>", add_special_tokens=False, return_tensors="pt").input_ids[0]
     second_contexts = [torch.cat([c, done.token_ids, tool]) for c, done in zip(contexts, first)]
     for context in second_contexts:  # every episode's previous turn is cached
         assert len(cached.prefix_cache.longest_prefix(context)) == len(context) - len(tool) - 1
-    assert ids(cached.generate(second_contexts, stop_at_eos=False)) == ids(uncached.generate(second_contexts, stop_at_eos=False))
+    assert ids(cached.generate_batch(second_contexts, stop_at_eos=False)) == ids(uncached.generate_batch(second_contexts, stop_at_eos=False))
     assert not uncached.prefix_cache.entries
 
 
 def test_shared_prompt_prefix_is_computed_once(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
-    engine.generate(contexts, stop_at_eos=False)
+    engine.generate_batch(contexts, stop_at_eos=False)
     shared = [entry for entry in engine.prefix_cache.entries if entry.shared]
     assert len(shared) == 1
     assert len(shared[0]) == common_prefix_length(contexts)
@@ -107,20 +107,20 @@ def test_shared_prompt_prefix_is_computed_once(tiny_model, tokenizer):
 def test_cache_is_dropped_when_weights_change(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6))
-    engine.generate(contexts, stop_at_eos=False)
+    engine.generate_batch(contexts, stop_at_eos=False)
     assert engine.prefix_cache.entries
     with torch.no_grad():
         tiny_model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # an in-place update, like an optimizer step
     fresh = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6), reuse_cache=False)
     extended = [torch.cat([c, torch.tensor([13, 14])]) for c in contexts]
-    assert ids(engine.generate(extended, stop_at_eos=False)) == ids(fresh.generate(extended, stop_at_eos=False))
+    assert ids(engine.generate_batch(extended, stop_at_eos=False)) == ids(fresh.generate_batch(extended, stop_at_eos=False))
 
 
 def test_stop_strings_per_row(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
-    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate(contexts, stop_at_eos=False)
+    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate_batch(contexts, stop_at_eos=False)
     stop = free[0].text[3:6]  # a string that row 0 produces; other rows stop on it or run on
-    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate(contexts, stop_strings=[stop], stop_at_eos=False)
+    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate_batch(contexts, stop_strings=[stop], stop_at_eos=False)
     for full, completion in zip(free, completions):
         if completion.finish_reason == "stop":
             assert stop in completion.text
@@ -134,11 +134,11 @@ def test_stop_strings_per_row(tiny_model, tokenizer):
 
 def test_eos_ends_a_row(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
-    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6)).generate(contexts, stop_at_eos=False)
+    free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6)).generate_batch(contexts, stop_at_eos=False)
     # Declare one of row 0's greedy tokens the EOS id: the row ends at its first occurrence.
     eos = free[0].token_ids[2].item()
     end = free[0].token_ids.tolist().index(eos) + 1
-    completions = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(6), "eos_token_id": eos}).generate(contexts, stop_at_eos=False)
+    completions = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(6), "eos_token_id": eos}).generate_batch(contexts, stop_at_eos=False)
     assert completions[0].token_ids.tolist() == free[0].token_ids[:end].tolist()
     assert completions[0].finish_reason == "eos"
     for full, completion in zip(free[1:], completions[1:]):
@@ -150,11 +150,11 @@ def test_eos_ends_a_row(tiny_model, tokenizer):
 
 def test_max_new_tokens_and_min_new_tokens(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
-    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(5)).generate(contexts, stop_at_eos=False)
+    completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(5)).generate_batch(contexts, stop_at_eos=False)
     assert all(len(c.token_ids) == 5 and c.finish_reason == "length" for c in completions)
     first = completions[0].token_ids[0].item()
     blocked = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(5), "eos_token_id": first, "min_new_tokens": 2})
-    row = blocked.generate(contexts[:1], stop_at_eos=False)[0]
+    row = blocked.generate_batch(contexts[:1], stop_at_eos=False)[0]
     assert row.token_ids[0].item() != first  # EOS is forbidden before min_new_tokens
 
 
@@ -162,9 +162,9 @@ def test_sampling_is_seeded_and_valid(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     kwargs = {"do_sample": True, "top_k": 5, "top_p": 0.9, "temperature": 0.7, "max_new_tokens": 6}
     torch.manual_seed(0)
-    first = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_at_eos=False))
+    first = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_at_eos=False))
     torch.manual_seed(0)
-    second = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate(contexts, stop_at_eos=False))
+    second = ids(RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_at_eos=False))
     assert first == second and all(len(row) == 6 for row in first)
 
 
@@ -173,7 +173,7 @@ def test_unsupported_kwargs_fall_back_to_generate(tiny_model, tokenizer):
     assert SamplingSettings.from_kwargs(tiny_model.generation_config, {"repetition_penalty": 1.3}, 8) is None
     assert SamplingSettings.from_kwargs(tiny_model.generation_config, {"min_length": -1, "top_k": 0.0}, 8) is not None
     contexts = contexts_for(tokenizer)[:2]
-    completions = RolloutEngine(tiny_model, tokenizer, {"max_new_tokens": 4, "repetition_penalty": 1.3}).generate(contexts)
+    completions = RolloutEngine(tiny_model, tokenizer, {"max_new_tokens": 4, "repetition_penalty": 1.3}).generate_batch(contexts)
     assert all(1 <= len(c.token_ids) <= 4 for c in completions)
 
 
@@ -192,67 +192,85 @@ def test_prefix_cache_ages_out_unused_entries():
     assert cache.longest_prefix(torch.tensor([1, 2])) is None
 
 
-def test_run_turns_lets_a_fast_episode_go_on_while_others_generate(bundled):
+def test_a_fast_episode_goes_on_while_others_generate(bundled):
     """Episode 0 stops after a few tokens (a stop string taken from its own greedy output); its second
-    turn starts while episode 1 is still on its first. The turns equal `generate` called turn by turn."""
+    turn starts while episode 1 is still on its first. The turns equal `generate_batch` called turn by turn."""
+    import asyncio
+
     from textenv.tasks import calculator as task
 
-    tiny_model, tokenizer = bundled  # real text, so a stop string can single out one row
+    model, tokenizer = bundled  # real text, so a stop string can single out one row
     contexts = contexts_for(tokenizer, [task.format_query("What is 7+21?"), task.format_query("What is 30+12?")], task.PROMPT)
-    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
-    first_turn = engine.generate(contexts)
+    first_turn = RolloutEngine(model, tokenizer, greedy_kwargs(12)).generate_batch(contexts)
     prefixes = (tokenizer.decode(first_turn[0].token_ids[:k]) for k in range(1, 12))
     stop = next(text for text in prefixes if text not in first_turn[1].text)  # where row 0 departs from row 1
 
+    engine = RolloutEngine(model, tokenizer, greedy_kwargs(12))
     events = []
 
-    def next_context(episode, completion):
-        events.append((episode, completion.token_ids.tolist()))
-        turn = sum(1 for e, _ in events if e == episode)
-        if turn == 2:
-            return None
-        return torch.cat([contexts[episode], completion.token_ids, torch.tensor([13, 14])])
+    async def episode(index):
+        context = contexts[index]
+        for _ in range(2):
+            completion = await engine.generate(context, [stop], episode=index)
+            events.append((index, completion.token_ids.tolist()))
+            context = torch.cat([context, completion.token_ids, torch.tensor([13, 14])])
+        engine.end_episode(index)
 
-    RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12)).run_turns(contexts, next_context, stop_strings=[stop])
-    assert [episode for episode, _ in events] == [0, 0, 1, 1]  # episode 0 finished both turns first
+    async def both():
+        await asyncio.gather(episode(0), episode(1))
 
-    lockstep = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
-    expected_first = lockstep.generate(contexts, stop_strings=[stop])
+    asyncio.run(both())
+    assert [index for index, _ in events] == [0, 0, 1, 1]  # episode 0 finished both turns first
+
+    lockstep = RolloutEngine(model, tokenizer, greedy_kwargs(12))
+    expected_first = lockstep.generate_batch(contexts, stop_strings=[stop])
     followers = [torch.cat([c, done.token_ids, torch.tensor([13, 14])]) for c, done in zip(contexts, expected_first)]
-    expected_second = lockstep.generate(followers, stop_strings=[stop])
+    expected_second = lockstep.generate_batch(followers, stop_strings=[stop])
     by_episode = {0: [], 1: []}
-    for episode, token_ids in events:
-        by_episode[episode].append(token_ids)
-    for episode in (0, 1):
-        assert by_episode[episode] == [expected_first[episode].token_ids.tolist(), expected_second[episode].token_ids.tolist()]
+    for index, token_ids in events:
+        by_episode[index].append(token_ids)
+    for index in (0, 1):
+        assert by_episode[index] == [expected_first[index].token_ids.tolist(), expected_second[index].token_ids.tolist()]
 
 
-def test_run_turns_without_fast_path_runs_in_lockstep(tiny_model, tokenizer, no_fast_path):
+def test_requests_without_fast_path_are_served_by_hf_generate(tiny_model, tokenizer, no_fast_path):
+    """Settings the engine's loop cannot decode go to `generate`, batched, with the same greedy tokens."""
+    import asyncio
+
     contexts = contexts_for(tokenizer, QUERIES[:3])
-    events = []
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
 
-    def next_context(episode, completion):
-        events.append(episode)
-        return None if events.count(episode) == 2 else torch.cat([contexts[episode], completion.token_ids])
+    async def all_turns():
+        return await asyncio.gather(*(engine.generate(context, episode=index) for index, context in enumerate(contexts)))
 
-    RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).run_turns(contexts, next_context)
-    assert events == [0, 1, 2, 0, 1, 2]
+    completions = asyncio.run(all_turns())
+    assert ids(completions) == [hf_greedy(tiny_model, tokenizer, c, 4) for c in contexts]
+    assert not engine.prefix_cache.entries  # generate keeps no KV
 
 
-def test_run_turns_keeps_no_cache_for_finished_episodes(tiny_model, tokenizer):
-    """A streamed call keeps an episode's KV only while a follow-up turn will extend it."""
+def test_an_episode_kv_is_kept_for_its_next_turn_and_dropped_when_it_ends(tiny_model, tokenizer):
+    """A turn of an episode leaves its KV cached (the next turn runs only the new tokens); the entry goes
+    when the episode ends, and a later turn from scratch gives the same tokens."""
+    import asyncio
+
     contexts = contexts_for(tokenizer)
     engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
-    turns, histories = {}, list(contexts)
+    fresh = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4), reuse_cache=False)
 
-    def next_context(episode, completion):
-        turns[episode] = turns.get(episode, 0) + 1
-        histories[episode] = torch.cat([histories[episode], completion.token_ids, torch.tensor([13])])
-        return None if turns[episode] == 3 else histories[episode]
+    async def two_turns(index):
+        first = await engine.generate(contexts[index], episode=index)
+        stored = [e for e in engine.prefix_cache.entries if e.owner == index]
+        extended = torch.cat([contexts[index], first.token_ids, torch.tensor([13])])
+        second = await engine.generate(extended, episode=index)
+        engine.end_episode(index)
+        return stored, extended, second
 
-    engine.run_turns(contexts, next_context)
-    assert turns == {0: 3, 1: 3, 2: 3, 3: 3}
-    assert all(entry.shared for entry in engine.prefix_cache.entries)  # only the prompt prefix is left
-    generate_engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
-    generate_engine.generate(contexts)
-    assert sum(not entry.shared for entry in generate_engine.prefix_cache.entries) == len(contexts)  # a later call may extend them
+    async def everything():
+        return await asyncio.gather(*(two_turns(index) for index in range(len(contexts))))
+
+    outcomes = asyncio.run(everything())
+    for index, (stored, extended, second) in enumerate(outcomes):
+        assert len(stored) == 1 and len(stored[0]) == len(contexts[index]) + 3  # context + 3 of 4 new tokens
+        assert ids([second]) == ids(fresh.generate_batch([extended], stop_at_eos=False))
+    engine.generate_batch(contexts[:1])  # the next call releases the ended episodes' entries
+    assert not any(entry.owner in range(len(contexts)) for entry in engine.prefix_cache.entries)

@@ -17,6 +17,7 @@ _PUBLIC_NAMES = {
     "TextHistory": "textenv.environment",
     "parse_tool_call": "textenv.environment",
     # generation engine
+    "GenerationEngine": "textenv.engine",
     "RolloutEngine": "textenv.engine",
     # tools
     "Calculator": "textenv.tools",

@@ -1,17 +1,18 @@
-"""The engine's own decoding loop.
+"""The engine's own decoding loop: continuous batching over requests that come and go.
 
-Rows are decoded together in one growing/shrinking batch of at most `max_rows` rows (continuous
-batching): a row leaves as soon as it finishes, and waiting rows are admitted into the free slots. Each
-admitted row starts from the longest cached prefix of its context (its own previous turn, or a prompt
-prefix shared with the other new rows, computed once), so only its new tokens are run through the model.
-Logits are computed for the last position only, and stops are checked on the newest tokens only.
+Rows are decoded together in one growing/shrinking batch of at most `max_rows` rows: a row leaves as soon
+as it finishes, and waiting requests are admitted into the free slots at the next step. Each admitted row
+starts from the longest cached prefix of its context (its own previous turn, or a prompt prefix shared
+with the other new rows, computed once), so only its new tokens are run through the model. Every row has
+its own sampling settings, stop strings and token budget. Logits are computed for the last position only,
+and stops are checked on the newest tokens only.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable
 
 import torch
 import torch.nn.functional as F
@@ -24,14 +25,30 @@ from textenv.engine.sampling import SamplingSettings
 from textenv.engine.stopping import FINISH_LENGTH, StopChecker
 
 MIN_SHARED_PREFIX = 16  # tokens; shorter common prefixes are not worth a separate forward pass
+SHARED = "<shared prefix>"  # the owner of a shared prefix made for episodes (kept while they use it)
 
 
-@dataclass
-class RowResult:
-    """What one row generated: its new token ids and why it stopped."""
+@dataclass(eq=False)
+class DecodeRequest:
+    """One turn to generate, and what the decoder reports back.
 
+    Attributes:
+        context (`torch.LongTensor`): the episode's token ids so far, 1-D, on CPU.
+        settings (`SamplingSettings`): token budget and sampling of this turn.
+        stop_checker (`StopChecker`): this turn's stop strings and EOS ids.
+        done (`Callable`): called in the decoding thread as ``done(token_ids, finish_reason)`` when the turn
+            ends, or ``done(None, error)`` when decoding failed.
+        owner (`Hashable`, *optional*): the episode; its KV cache is kept for its next turn until the
+            engine is told the episode ended. `None`: kept for a call or two (batch calls).
+        token_ids (`list[int]`): the ids generated so far.
+    """
+
+    context: torch.Tensor
+    settings: SamplingSettings
+    stop_checker: StopChecker
+    done: Callable
+    owner: Hashable | None = None
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 def supports_fast_decoding(model: torch.nn.Module) -> bool:
@@ -52,10 +69,10 @@ def supports_fast_decoding(model: torch.nn.Module) -> bool:
 
 @dataclass
 class _Batch:
-    """The rows being decoded: their context index, KV cache, attention mask over the cache (0 on
-    padding), the position of the next token each row feeds, and the logits for its next choice."""
+    """The rows being decoded: their requests, KV cache, attention mask over the cache (0 on padding),
+    the position of the next token each row feeds, and the logits for its next choice."""
 
-    rows: list[int]
+    requests: list[DecodeRequest]
     cache: DynamicCache
     attention_mask: torch.Tensor
     positions: torch.Tensor
@@ -63,147 +80,161 @@ class _Batch:
 
     def select(self, keep: list[int]) -> None:
         index = torch.tensor(keep, device=self.attention_mask.device)
-        self.rows = [self.rows[i] for i in keep]
+        self.requests = [self.requests[i] for i in keep]
         self.cache.batch_select_indices(index)
         self.attention_mask, self.positions, self.logits = self.attention_mask[index], self.positions[index], self.logits[index]
 
 
-class BatchDecoder:
-    """Decodes one turn for many rows.
+class ContinuousDecoder:
+    """Decodes the rows it is given, admitting new ones between steps (call in inference mode).
 
     Args:
         model: the causal LM (already unwrapped).
-        settings: token budget and sampling.
-        stop_checker: per-row stop strings and EOS ids.
         prefix_cache: where cached prefixes are looked up and finished sequences are stored.
         pad_token_id: the id used in padded positions (never attended to).
         max_rows (`int`): rows decoded at the same time.
+        reuse_cache (`bool`): look up and store cached prefixes.
     """
 
-    def __init__(self, model, settings: SamplingSettings, stop_checker: StopChecker, prefix_cache: PrefixCache, pad_token_id: int, max_rows: int):
+    def __init__(self, model, prefix_cache: PrefixCache, pad_token_id: int, max_rows: int, reuse_cache: bool = True):
         self.model = model
-        self.settings = settings
-        self.stop_checker = stop_checker
         self.prefix_cache = prefix_cache
         self.pad_token_id = pad_token_id
         self.max_rows = max_rows
+        self.reuse_cache = reuse_cache
         self.device = next(model.parameters()).device
+        self.batch: _Batch | None = None
 
-    @torch.inference_mode()
-    def decode(self, contexts: Sequence[torch.Tensor], on_finish: Callable[[int, RowResult], None] | None = None) -> list[RowResult]:
-        """Generate one turn for every context; results in row order (the contexts' order, then added rows).
+    @property
+    def free_rows(self) -> int:
+        return self.max_rows - (len(self.batch.requests) if self.batch else 0)
 
-        Args:
-            contexts: the rows' token ids.
-            on_finish: called (outside inference mode) as ``on_finish(row, result)`` when a row finishes; it
-                may call `add_row` to queue a follow-up row, decoded in this same call.
-        """
-        self.contexts, self.results, self.waiting = [], [], []
-        self.on_finish = on_finish
-        for context in contexts:
-            self.add_row(context)
-        batch: _Batch | None = None
-        while self.waiting or batch is not None:
-            free = self.max_rows - (len(batch.rows) if batch else 0)
-            if self.waiting and (batch is None or free >= max(1, self.max_rows // 4)):
-                admitted, self.waiting = self.waiting[:free], self.waiting[free:]
-                batch = self._merge(batch, self._prefill(admitted))
-            batch = self._step(batch)
-        return self.results
+    def wants_rows(self) -> bool:
+        """Whether to admit waiting rows now: always into an empty batch, else once a quarter of the rows
+        are free (admitting merges the caches, a copy of the whole batch's KV)."""
+        return self.batch is None or self.free_rows >= max(1, self.max_rows // 4)
 
-    def add_row(self, context: torch.Tensor) -> int:
-        """Queue a row to decode; returns its row index."""
-        self.contexts.append(context.detach().to("cpu", torch.long))
-        self.results.append(RowResult())
-        self.waiting.append(len(self.contexts) - 1)
-        return len(self.contexts) - 1
+    def admit(self, requests: list[DecodeRequest]) -> None:
+        """Prefill `requests` on top of their cached prefixes and add them to the batch."""
+        if requests:
+            self.batch = self._merge(self.batch, self._prefill(requests))
 
-    # ---------------------------------------------------------------------------------- decoding
-    def _step(self, batch: _Batch) -> _Batch | None:
-        """Choose every row's next token, retire finished rows, feed the others; `None` when none is left."""
-        counts = [len(self.results[row].token_ids) for row in batch.rows]
-        tokens = self.settings.next_tokens(batch.logits, counts).tolist()
-        for row, token in zip(batch.rows, tokens):
-            self.results[row].token_ids.append(token)
-        reasons = self.stop_checker.finished([self.results[row].token_ids for row in batch.rows])
+    def step(self) -> None:
+        """Choose every row's next token, retire finished rows, feed the others one token."""
+        batch = self.batch
+        tokens = self._next_tokens(batch)
         keep = []
-        for position, (row, reason) in enumerate(zip(batch.rows, reasons)):
-            if reason is None and len(self.results[row].token_ids) >= self.settings.max_new_tokens:
+        for position, (request, token) in enumerate(zip(batch.requests, tokens)):
+            request.token_ids.append(token)
+        for position, (request, reason) in enumerate(zip(batch.requests, self._finish_reasons(batch.requests))):
+            if reason is None and len(request.token_ids) >= request.settings.max_new_tokens:
                 reason = FINISH_LENGTH
             if reason is None:
                 keep.append(position)
             else:
-                self.results[row].finish_reason = reason
-                self._finish(row, batch, position)
+                self._store(request, batch, position)
+                request.done(request.token_ids, reason)
         if not keep:
-            return None
-        if len(keep) < len(batch.rows):
+            self.batch = None
+            return
+        if len(keep) < len(batch.requests):
             batch.select(keep)
             tokens = [tokens[i] for i in keep]
         input_ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
         batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(keep), 1))], dim=1)
         batch.logits = self._forward(input_ids, batch.attention_mask, batch.positions.unsqueeze(1), batch.cache)
         batch.positions = batch.positions + 1
-        return batch
 
-    def _prefill(self, rows: list[int]) -> _Batch:
+    def fail(self, error: BaseException) -> None:
+        """Report `error` to every row of the batch and drop the batch and every cached prefix."""
+        requests = self.batch.requests if self.batch else []
+        self.batch = None
+        self.prefix_cache.clear()
+        for request in requests:
+            request.done(None, error)
+
+    # ---------------------------------------------------------------------------------- choosing
+    def _next_tokens(self, batch: _Batch) -> list[int]:
+        """One token per row; rows with equal settings are chosen together."""
+        tokens: list[int] = [0] * len(batch.requests)
+        for settings, positions in _group_by(batch.requests, lambda request: request.settings):
+            index = torch.tensor(positions, device=batch.logits.device)
+            counts = [len(batch.requests[p].token_ids) for p in positions]
+            for position, token in zip(positions, settings.next_tokens(batch.logits[index], counts).tolist()):
+                tokens[position] = token
+        return tokens
+
+    @staticmethod
+    def _finish_reasons(requests: list[DecodeRequest]) -> list[str | None]:
+        reasons: list[str | None] = [None] * len(requests)
+        for checker, positions in _group_by(requests, lambda request: request.stop_checker):
+            for position, reason in zip(positions, checker.finished([requests[p].token_ids for p in positions])):
+                reasons[position] = reason
+        return reasons
+
+    # ---------------------------------------------------------------------------------- admitting
+    def _prefill(self, requests: list[DecodeRequest]) -> _Batch:
         """Run the admitted rows' uncached tokens on top of their cached prefixes."""
-        contexts = [self.contexts[row] for row in rows]
-        entries = self._cached_prefixes(contexts)
-        cache, past_mask = self._cache_from_entries(entries)
+        contexts = [request.context for request in requests]
+        entries = self._cached_prefixes(requests) if self.reuse_cache else [None] * len(requests)
+        spare = _spare(requests)
+        cache, past_mask = self._cache_from_entries(entries, spare)
         input_ids, new_mask, position_ids = self._new_token_inputs(contexts, entries)
         attention_mask = torch.cat([past_mask, new_mask], dim=1)
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
         positions = torch.tensor([len(c) for c in contexts], device=self.device)
-        return _Batch(rows=rows, cache=cache, attention_mask=attention_mask, positions=positions, logits=logits)
+        return _Batch(requests=list(requests), cache=cache, attention_mask=attention_mask, positions=positions, logits=logits)
 
     def _merge(self, batch: _Batch | None, new: _Batch) -> _Batch:
         """One batch from the running rows and newly admitted ones (caches left-padded to one length)."""
         if batch is None:
             return new
         length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
-        cache = merged_cache(self.model.config, [batch.cache, new.cache], length, spare=self.settings.max_new_tokens)
+        spare = _spare(batch.requests + new.requests)
+        cache = merged_cache(self.model.config, [batch.cache, new.cache], length, spare=spare)
         attention_mask = torch.cat([_left_pad(batch.attention_mask, length), _left_pad(new.attention_mask, length)])
         return _Batch(
-            rows=batch.rows + new.rows,
+            requests=batch.requests + new.requests,
             cache=cache,
             attention_mask=attention_mask,
             positions=torch.cat([batch.positions, new.positions]),
             logits=torch.cat([batch.logits, new.logits]),
         )
 
-    # ---------------------------------------------------------------------------------- prefixes
-    def _cached_prefixes(self, contexts: list[torch.Tensor]) -> list[CacheEntry | None]:
+    def _cached_prefixes(self, requests: list[DecodeRequest]) -> list[CacheEntry | None]:
         """Each row's longest cached prefix; rows without one share a freshly computed common prefix."""
-        entries = [self.prefix_cache.longest_prefix(c) for c in contexts]
+        entries = [self.prefix_cache.longest_prefix(request.context) for request in requests]
         uncached = [i for i, entry in enumerate(entries) if entry is None]
         if len(uncached) >= 2:
-            shared = self._shared_prefix([contexts[i] for i in uncached])
+            shared = self._shared_prefix([requests[i] for i in uncached])
             if shared is not None:
                 for i in uncached:
                     entries[i] = shared
-        for entry in entries:
+        for request, entry in zip(requests, entries):
             if entry is not None:
-                self.prefix_cache.consume(entry)
+                self.prefix_cache.consume(entry, request.owner)
         return entries
 
-    def _shared_prefix(self, contexts: list[torch.Tensor]) -> CacheEntry | None:
+    def _shared_prefix(self, requests: list[DecodeRequest]) -> CacheEntry | None:
+        contexts = [request.context for request in requests]
         length = min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1)
         if length < MIN_SHARED_PREFIX:
             return None
         ids = contexts[0][:length]
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=ids.to(self.device).unsqueeze(0), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        entry = CacheEntry(token_ids=ids, layers=[(layer.keys[0], layer.values[0]) for layer in cache.layers], shared=True)
+        owned = any(request.owner is not None for request in requests)
+        layers = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+        entry = CacheEntry(token_ids=ids, layers=layers, owner=SHARED if owned else None, shared=True)
         self.prefix_cache.add(entry)
         return entry
 
-    def _cache_from_entries(self, entries: list[CacheEntry | None]) -> tuple[DynamicCache, torch.Tensor]:
+    def _cache_from_entries(self, entries: list[CacheEntry | None], spare: int) -> tuple[DynamicCache, torch.Tensor]:
         """A batched cache holding every row's cached prefix, left-padded to the longest, and its mask."""
         lengths = [len(entry) if entry is not None else 0 for entry in entries]
         past = max(lengths)
         attention_mask = torch.zeros((len(entries), past), dtype=torch.long, device=self.device)
-        cache = self._decoding_cache()
+        cache = growing_cache(self.model.config, spare=spare)
         if past == 0:
             return cache, attention_mask
         template = next(entry for entry in entries if entry is not None)
@@ -213,7 +244,7 @@ class BatchDecoder:
                 no_prefix if entry is None else (entry.layers[layer_index][0][None], entry.layers[layer_index][1][None])
                 for entry in entries
             ]
-            cache.layers[layer_index] = GrowingLayer.from_rows(rows, past, spare=self.settings.max_new_tokens)
+            cache.layers[layer_index] = GrowingLayer.from_rows(rows, past, spare=spare)
         for row, length in enumerate(lengths):
             attention_mask[row, past - length :] = 1
         return cache, attention_mask
@@ -233,10 +264,6 @@ class BatchDecoder:
         return input_ids.to(self.device), mask.to(self.device), position_ids.to(self.device)
 
     # ---------------------------------------------------------------------------------- model
-    def _decoding_cache(self) -> DynamicCache:
-        """A cache that the rows' new tokens are appended to in place (room for a whole turn)."""
-        return growing_cache(self.model.config, spare=self.settings.max_new_tokens)
-
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         output = self.model(
             input_ids=input_ids,
@@ -248,25 +275,35 @@ class BatchDecoder:
         )
         return output.logits[:, -1, :]
 
-    def _finish(self, row: int, batch: _Batch, position: int) -> None:
-        """Keep a finished row's KV for whoever extends it: a later call (no `on_finish`), or the follow-up
-        row `on_finish` queued. A row without a follow-up in a streamed decode is not kept."""
-        if self.on_finish is None:
-            self._store(row, batch, position)
+    def _store(self, request: DecodeRequest, batch: _Batch, position: int) -> None:
+        """Keep a finished row's KV for its episode's next turn: its context and every generated token but
+        the last (never fed)."""
+        if not self.reuse_cache:
             return
-        queued = len(self.waiting)
-        with torch.inference_mode(False):  # the caller's tensors must stay usable for training
-            self.on_finish(row, self.results[row])
-        if len(self.waiting) > queued:
-            self._store(row, batch, position)
-
-    def _store(self, row: int, batch: _Batch, position: int) -> None:
-        """Keep a finished row's KV: its context and every generated token but the last (never fed)."""
         valid = batch.attention_mask[position].bool()
         layers = [(layer.keys[position][:, valid], layer.values[position][:, valid]) for layer in batch.cache.layers]
-        token_ids = torch.cat([self.contexts[row], torch.tensor(self.results[row].token_ids[:-1], dtype=torch.long)])
+        token_ids = torch.cat([request.context, torch.tensor(request.token_ids[:-1], dtype=torch.long)])
         if len(token_ids) == int(valid.sum()):  # always true; never store an entry that mismatches its ids
-            self.prefix_cache.add(CacheEntry(token_ids=token_ids, layers=layers))
+            self.prefix_cache.add(CacheEntry(token_ids=token_ids, layers=layers, owner=request.owner))
+
+
+def _group_by(requests: list[DecodeRequest], key: Callable) -> list[tuple[object, list[int]]]:
+    """`(value, positions)` for each distinct `key(request)` (compared by equality), in first-seen order."""
+    groups: list[tuple[object, list[int]]] = []
+    for position, request in enumerate(requests):
+        value = key(request)
+        for seen, positions in groups:
+            if seen is value or seen == value:
+                positions.append(position)
+                break
+        else:
+            groups.append((value, [position]))
+    return groups
+
+
+def _spare(requests: list[DecodeRequest]) -> int:
+    """Room to reserve in the cache: the longest turn any of the rows may still generate."""
+    return max(request.settings.max_new_tokens for request in requests)
 
 
 def _left_pad(mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,33 +1,38 @@
-"""The generation engine: batched generation of one model turn for many episodes at once.
+"""The generation engine: every episode's next turn, served with continuous batching.
 
-Both front ends (TextEnvironment and the Gym scheduler) generate through `RolloutEngine.generate`. It
-takes each episode's exact context token ids and stops every row at its own stop strings or EOS, keeping
-exactly the tokens up to and including the one that completed its stop.
+An episode asks for its next turn with one call, ``await engine.generate(context_ids, stop_strings,
+generation_kwargs, episode=key)``. One decoding thread serves every waiting request: a request joins the
+decoding batch at the next step, a finished row leaves at once, and an episode's KV cache is kept for its
+next turn (only the tokens appended since are run through the model) until `end_episode(key)`. A prompt
+prefix shared by rows admitted together is computed once. Each row stops at its own stop strings or EOS,
+keeping exactly the tokens up to and including the one that completed its stop.
 
 For greedy and plain sampled decoding (temperature, top-k, top-p, min_new_tokens) on models with a plain
-KV cache, the engine runs its own loop (`decoding.py`): a context that extends a sequence it processed
-before (the same episode one turn later) starts from that sequence's cached keys and values, a prompt
-prefix shared by new episodes is computed once, finished rows leave the batch, stop strings are looked for
-in the newest tokens only, and logits are computed for the last position only. Greedy results are the
-tokens `transformers`' `generate` gives (up to float rounding). Anything else falls back to `generate`.
+KV cache the engine runs its own loop (`decoding.py`); greedy results are the tokens `transformers`'
+`generate` gives (up to float rounding). Anything else is served by `generate` itself, in batches of the
+waiting requests with the same settings (`hf_generate.py`). `generate_batch` is the same service for a
+list of contexts at once (the legacy lockstep turn order).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import torch
 
-from textenv.engine.decoding import BatchDecoder, supports_fast_decoding
-from textenv.engine.hf_generate import generate_with_hf
+from textenv.engine.decoding import ContinuousDecoder, DecodeRequest, supports_fast_decoding
+from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
 from textenv.engine.prefix_cache import PrefixCache
 from textenv.engine.sampling import SamplingSettings
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
+from textenv.padding import ensure_pad_token, left_pad
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
-__all__ = ["Completion", "RolloutEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
+__all__ = ["Completion", "GenerationEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
 
 
 @dataclass
@@ -61,21 +66,21 @@ def model_device(model: Any) -> torch.device:
     return torch.device(device)
 
 
-class RolloutEngine:
-    """Generates one turn for a batch of episodes.
+class GenerationEngine:
+    """Generates model turns for many episodes at once.
 
     Args:
         model: a causal LM, or a value-head wrapper around one (`.pretrained_model`), possibly wrapped by
-            accelerate/DDP or PEFT.
+            accelerate/DDP or PEFT. May be replaced between calls (`engine.model = ...`).
         tokenizer: its tokenizer. A missing pad token is set to EOS (with a warning).
         generation_kwargs (`dict`, *optional*): generation settings for every call (`do_sample`, `top_k`,
             `max_new_tokens`, ...), as for `model.generate`. The dict is read, never modified. Without
             `max_new_tokens` or `max_length`, `max_new_tokens=32` is used.
         batch_size (`int`, defaults to 16): the most rows decoded at the same time (finished rows make
             room for waiting ones).
-        reuse_cache (`bool`, defaults to `True`): reuse cached prefixes across calls (an episode's
-            previous turns) and within a call (a shared prompt). The cache is dropped automatically when
-            the model's weights change. `False` recomputes every context from scratch.
+        reuse_cache (`bool`, defaults to `True`): reuse cached prefixes (an episode's previous turns, a
+            shared prompt). The cache is dropped automatically when the model's weights change. `False`
+            recomputes every context from scratch.
     """
 
     def __init__(self, model, tokenizer, generation_kwargs: dict | None = None, batch_size: int = 16, reuse_cache: bool = True):
@@ -86,15 +91,45 @@ class RolloutEngine:
         self.reuse_cache = reuse_cache
         self.prefix_cache = PrefixCache()
         ensure_pad_token(tokenizer)
+        self._lock = threading.Lock()
+        self._waiting: list[DecodeRequest | HFGenerateRequest] = []
+        self._ended: list[Hashable] = []
+        self._worker: threading.Thread | None = None
+        self._stop_checkers: dict[tuple, StopChecker] = {}
+        self._staged: dict[asyncio.AbstractEventLoop, list] = {}
 
-    @property
-    def eos_token_ids(self) -> set[int]:
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return ids
+    # ------------------------------------------------------------------------------ requests
+    async def generate(
+        self,
+        context_ids: torch.Tensor,
+        stop_strings: Iterable[str] = (),
+        generation_kwargs: dict | None = None,
+        *,
+        episode: Hashable | None = None,
+    ) -> Completion:
+        """Generate one turn from `context_ids`; returns when this row is done (other rows go on).
 
-    def generate(
+        Args:
+            context_ids (`torch.LongTensor`): the episode's token ids so far, 1-D.
+            stop_strings: the turn stops once its new text contains any of these.
+            generation_kwargs: overrides for this turn, merged over the engine's.
+            episode (`Hashable`, *optional*): the episode's key. Its KV cache is kept for its next turn
+                until `end_episode(episode)`.
+
+        Raises:
+            Exception: whatever the model raised while this row was being decoded.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(token_ids, outcome) -> None:
+            loop.call_soon_threadsafe(_resolve, future, token_ids, outcome)
+
+        self._stage(loop, self._request(context_ids, stop_strings, generation_kwargs, done, episode, stop_at_eos=True))
+        token_ids, finish_reason = await future
+        return self._completion(token_ids, finish_reason, context_ids.device)
+
+    def generate_batch(
         self,
         contexts: Sequence[torch.Tensor],
         stop_strings: Iterable[str] = (),
@@ -102,13 +137,12 @@ class RolloutEngine:
         batch_size: int | None = None,
         stop_at_eos: bool = True,
     ) -> list[Completion]:
-        """Generate one turn for every context.
+        """Generate one turn for every context and wait for all of them (the same service as `generate`).
 
         Args:
             contexts: each episode's token ids so far (1-D tensors; lengths may differ).
-            stop_strings: a row stops once its new text contains any of these.
-            generation_kwargs: overrides for this call, merged over the engine's.
-            batch_size: rows decoded together (default: the engine's).
+            stop_strings, generation_kwargs: as for `generate`.
+            batch_size: rows decoded together for this call (default: the engine's).
             stop_at_eos: stop a row at the tokenizer's EOS token even if `generation_kwargs` says
                 `eos_token_id=-1` (the legacy examples' setting).
 
@@ -117,140 +151,133 @@ class RolloutEngine:
         """
         if len(contexts) == 0:
             return []
-        batch_size = batch_size or self.batch_size
-        model, kwargs, settings = self._decoding_plan(generation_kwargs)
-        checker = self._stop_checker(stop_strings, settings, stop_at_eos)
-        if settings is not None:
-            self._prepare_cache(model)
-            results = self._decode(model, contexts, settings, checker, batch_size)
-        else:
-            results = []
-            for start in range(0, len(contexts), batch_size):
-                results.extend(self._generate_chunk(model, contexts[start : start + batch_size], checker, kwargs))
-        return [self._completion(ids, reason) for ids, reason in results]
+        results: list[Any] = [None] * len(contexts)
+        finished = threading.Semaphore(0)
 
-    def run_turns(
-        self,
-        contexts: Sequence[torch.Tensor],
-        next_context: Callable[[int, Completion], torch.Tensor | None],
-        stop_strings: Iterable[str] = (),
-        generation_kwargs: dict | None = None,
-        batch_size: int | None = None,
-    ) -> None:
-        """Generate turn after turn, each episode at its own pace.
+        def collector(index: int):
+            def done(token_ids, outcome) -> None:
+                results[index] = (token_ids, outcome)
+                finished.release()
 
-        When episode ``i``'s turn ends, ``next_context(i, completion)`` returns its next context (the
-        episode continues in the same decoding batch, while slower episodes are still on their turn) or
-        ``None`` (it is done). Without the fast decoding path, turns run in lockstep through `generate`.
+            return done
 
-        Args:
-            contexts: each episode's first context.
-            next_context: the episode's reaction to a finished turn (tools, end checks).
-            stop_strings, generation_kwargs, batch_size: as for `generate`.
-        """
-        model, _, settings = self._decoding_plan(generation_kwargs)
-        if settings is None or len(contexts) == 0:
-            self._run_turns_in_lockstep(contexts, next_context, stop_strings, generation_kwargs, batch_size)
-            return
-        checker = self._stop_checker(stop_strings, settings)
-        self._prepare_cache(model)
-        decoder = self._decoder(model, settings, checker, batch_size or self.batch_size)
-        episode_of_row = list(range(len(contexts)))
-        devices = [context.device for context in contexts]
+        requests = [
+            self._request(context, stop_strings, generation_kwargs, collector(index), None, stop_at_eos)
+            for index, context in enumerate(contexts)
+        ]
+        self._submit(requests, batch_size=batch_size)
+        for _ in requests:
+            finished.acquire()
+        with self._lock:
+            self.prefix_cache.end_call()
+        for token_ids, outcome in results:
+            if token_ids is None:
+                raise outcome
+        return [self._completion(ids, reason, context.device) for (ids, reason), context in zip(results, contexts)]
 
-        def on_finish(row: int, result) -> None:
-            episode = episode_of_row[row]
-            token_ids = torch.tensor(result.token_ids, dtype=torch.long, device=devices[episode])
-            following = next_context(episode, self._completion(token_ids, result.finish_reason))
-            if following is not None:
-                episode_of_row.append(episode)
-                decoder.add_row(following)
+    def end_episode(self, episode: Hashable) -> None:
+        """The episode will ask for no more turns: its cached KV can go."""
+        with self._lock:
+            self._ended.append(episode)
 
-        decoder.decode(contexts, on_finish=on_finish)
-        self._end_call()
-
-    def _decoding_plan(self, generation_kwargs: dict | None) -> tuple[Any, dict, SamplingSettings | None]:
-        """The unwrapped model, this call's generation kwargs (merged over the engine's), and the sampling
-        settings when the engine's own loop can decode them (``None``: transformers' `generate` must)."""
+    # ------------------------------------------------------------------------------ serving
+    def _request(self, context, stop_strings, generation_kwargs, done, owner, stop_at_eos: bool):
         kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
         model = unwrap_model(self.model)
         settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
-        return model, kwargs, settings if settings is not None and supports_fast_decoding(model) else None
+        fast = settings is not None and supports_fast_decoding(model)
+        checker = self._stop_checker(tuple(stop_strings), settings if fast else None, stop_at_eos)
+        context = context.detach().to("cpu", torch.long)
+        if fast:
+            return DecodeRequest(context, settings, checker, done, owner=owner if self.reuse_cache else None)
+        return HFGenerateRequest(context, kwargs, checker, done)
 
-    def _stop_checker(self, stop_strings: Iterable[str], settings: SamplingSettings | None, stop_at_eos: bool = True) -> StopChecker:
-        stop_ids = self.eos_token_ids if stop_at_eos else set()
+    def _stop_checker(self, stop_strings: tuple, settings: SamplingSettings | None, stop_at_eos: bool) -> StopChecker:
+        stop_ids = {int(self.tokenizer.eos_token_id)} if stop_at_eos and self.tokenizer.eos_token_id is not None else set()
         if settings is not None:
-            stop_ids = stop_ids | settings.eos_token_ids
-        return StopChecker(self.tokenizer, list(stop_strings), stop_ids)
+            stop_ids |= settings.eos_token_ids
+        key = (stop_strings, frozenset(stop_ids), id(self.tokenizer))
+        if key not in self._stop_checkers:
+            self._stop_checkers[key] = StopChecker(self.tokenizer, list(stop_strings), stop_ids)
+        return self._stop_checkers[key]
 
-    def _run_turns_in_lockstep(self, contexts, next_context, stop_strings, generation_kwargs, batch_size) -> None:
-        pending = dict(enumerate(contexts))
-        while pending:
-            episodes = list(pending)
-            completions = self.generate([pending[i] for i in episodes], stop_strings, generation_kwargs, batch_size)
-            pending = {}
-            for episode, completion in zip(episodes, completions):
-                following = next_context(episode, completion)
-                if following is not None:
-                    pending[episode] = following
+    def _stage(self, loop: asyncio.AbstractEventLoop, request) -> None:
+        """Hand `request` to the decoding thread at the end of this event-loop iteration, together with
+        every other request made in it (episodes whose turns ended together ask together, so they are
+        admitted, and their shared prefix computed, as one group)."""
+        staged = self._staged.setdefault(loop, [])
+        staged.append(request)
+        if len(staged) == 1:
+            loop.call_soon(lambda: self._submit(self._staged.pop(loop)))
 
-    def _prepare_cache(self, model) -> None:
-        if self.reuse_cache:
-            self.prefix_cache.validate(model)
-        else:
-            self.prefix_cache.clear()
+    def _submit(self, requests: list, batch_size: int | None = None) -> None:
+        with self._lock:
+            self._waiting.extend(requests)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._serve, args=(batch_size or self.batch_size,), name="textenv-engine", daemon=True
+                )
+                self._worker.start()
 
-    def _decoder(self, model, settings, checker, batch_size: int) -> BatchDecoder:
-        return BatchDecoder(model, settings, checker, self.prefix_cache, self.tokenizer.pad_token_id, max_rows=batch_size)
+    def _serve(self, max_rows: int) -> None:
+        """The decoding thread: admit, step, retire, until nothing is running or waiting."""
+        model = unwrap_model(self.model)
+        decoder = ContinuousDecoder(model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, self.reuse_cache)
+        with torch.inference_mode():
+            while True:
+                admitted, fallback = self._take_waiting(decoder, model)
+                if admitted is None:
+                    return
+                try:
+                    if fallback:
+                        serve_with_hf(model, self.tokenizer.pad_token_id, fallback, DEFAULT_MAX_NEW_TOKENS)
+                    decoder.admit(admitted)
+                    if decoder.batch is not None:
+                        decoder.step()
+                except Exception as error:  # noqa: BLE001 - reported to every row it concerns
+                    for request in admitted:
+                        if request not in (decoder.batch.requests if decoder.batch else []):
+                            request.done(None, error)
+                    decoder.fail(error)
 
-    def _end_call(self) -> None:
-        self.prefix_cache.end_call()
-        if not self.reuse_cache:
-            self.prefix_cache.clear()
+    def _take_waiting(self, decoder: ContinuousDecoder, model) -> tuple[list | None, list]:
+        """The requests to admit now (`None`: nothing is running or waiting, the thread ends) and the
+        requests `transformers`' `generate` must serve (the first waiting one's kind, as a batch)."""
+        with self._lock:
+            for episode in self._ended:
+                self.prefix_cache.release(episode)
+            self._ended.clear()
+            if not self._waiting and decoder.batch is None:
+                self._worker = None
+                if not self.reuse_cache:
+                    self.prefix_cache.clear()
+                return None, []
+            fallback = [r for r in self._waiting if isinstance(r, HFGenerateRequest)]
+            if fallback:
+                fallback = [r for r in fallback if r.same_batch_as(fallback[0])][: decoder.max_rows]
+                self._waiting = [r for r in self._waiting if all(r is not f for f in fallback)]
+            admitted: list[DecodeRequest] = []
+            if decoder.wants_rows():
+                waiting = [r for r in self._waiting if isinstance(r, DecodeRequest)]
+                admitted = waiting[: decoder.free_rows]
+                self._waiting = [r for r in self._waiting if all(r is not a for a in admitted)]
+                if admitted and self.reuse_cache:
+                    self.prefix_cache.validate(model)
+            return admitted, fallback
 
-    def _decode(self, model, contexts, settings, checker, batch_size) -> list[tuple[torch.Tensor, str]]:
-        results = self._decoder(model, settings, checker, batch_size).decode(contexts)
-        self._end_call()
-        return [
-            (torch.tensor(r.token_ids, dtype=torch.long, device=context.device), r.finish_reason)
-            for r, context in zip(results, contexts)
-        ]
-
-    def _generate_chunk(self, model, chunk, checker, kwargs) -> list[tuple[torch.Tensor, str]]:
-        device = model_device(model)
-        input_ids, attention_mask = left_pad([c.to(device) for c in chunk], self.tokenizer.pad_token_id)
-        call_kwargs = dict(kwargs)
-        call_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        if "max_new_tokens" not in call_kwargs and "max_length" not in call_kwargs:
-            call_kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
-        return generate_with_hf(model, input_ids, attention_mask, checker, call_kwargs)
-
-    def _completion(self, token_ids: torch.Tensor, reason: str) -> Completion:
+    def _completion(self, token_ids: list[int] | torch.Tensor, reason: str, device: torch.device) -> Completion:
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).to(device)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
         return Completion(token_ids=token_ids, text=text, finish_reason=reason)
 
 
-def left_pad(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack 1-D id tensors into `[batch, max_len]` ids and attention mask, padded on the left."""
-    max_length = max(len(s) for s in sequences)
-    device = sequences[0].device
-    input_ids = torch.full((len(sequences), max_length), pad_token_id, dtype=torch.long, device=device)
-    attention_mask = torch.zeros((len(sequences), max_length), dtype=torch.long, device=device)
-    for row, sequence in enumerate(sequences):
-        if len(sequence):
-            input_ids[row, -len(sequence) :] = sequence
-            attention_mask[row, -len(sequence) :] = 1
-    return input_ids, attention_mask
+def _resolve(future: asyncio.Future, token_ids, outcome) -> None:
+    if future.done():  # the episode was cancelled while its row was decoding
+        return
+    if token_ids is None:
+        future.set_exception(outcome)
+    else:
+        future.set_result((token_ids, outcome))
 
 
-def ensure_pad_token(tokenizer) -> None:
-    """Give a tokenizer without a pad token its EOS token as pad token, with a warning."""
-    if tokenizer.pad_token is None:
-        import warnings
-
-        warnings.warn(
-            "The tokenizer has no pad token; using its EOS token as pad token "
-            "(set tokenizer.pad_token yourself to choose another).",
-            stacklevel=3,
-        )
-        tokenizer.pad_token = tokenizer.eos_token
+RolloutEngine = GenerationEngine  # the name before the engine served single requests

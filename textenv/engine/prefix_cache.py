@@ -1,15 +1,17 @@
 """A store of per-sequence KV caches keyed by token ids, so a context that extends a sequence the model
 has already processed (the same episode one turn later, or a shared prompt) needs only its new tokens.
 
-Entries are only valid for the weights that computed them: the store remembers a fingerprint of the
-model's parameters (object ids and in-place version counters, which every optimizer step bumps) and
-empties itself when it changes.
+Entries belong to an episode (its `owner`) and live until that episode ends (`release`); a prompt prefix
+shared by several new rows lives until every episode that used it has ended. Entries without an owner
+(made by the engine's synchronous batch calls) live for a call or two (`end_call`). Entries are only valid
+for the weights that computed them: the store remembers a fingerprint of the model's parameters (object
+ids and in-place version counters, which every optimizer step bumps) and empties itself when it changes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 
@@ -23,13 +25,17 @@ class CacheEntry:
     Attributes:
         token_ids (`torch.LongTensor`): the sequence, 1-D, on CPU.
         layers (`list[LayerKV]`): per layer, keys and values of shape `[kv_heads, length, head_dim]`.
+        owner (`Hashable`, *optional*): the episode whose sequence it is; `None` for an entry of a batch call.
         shared (`bool`): a prompt prefix shared by several rows (kept while rows keep using it).
-        idle_calls (`int`): engine calls since the entry was last used or made.
+        users (`set`): the owners of the rows that started from this shared prefix.
+        idle_calls (`int`): batch calls since an entry without owner was last used or made.
     """
 
     token_ids: torch.Tensor
     layers: list[LayerKV]
+    owner: Hashable | None = None
     shared: bool = False
+    users: set = field(default_factory=set)
     idle_calls: int = 0
 
     def __len__(self) -> int:
@@ -45,10 +51,10 @@ class PrefixCache:
     """Entries of recently generated sequences, looked up by longest prefix.
 
     Args:
-        max_idle_calls (`int`, defaults to 1): an entry nobody extended for more than this many engine
-            calls is dropped (a finished episode never comes back; a Gym episode waiting for its
-            environment may skip a call).
-        max_tokens (`int`, defaults to 65536): the most cached tokens kept; the longest-idle entries go first.
+        max_idle_calls (`int`, defaults to 1): an entry without owner that nobody extended for more than
+            this many batch calls is dropped.
+        max_tokens (`int`, defaults to 65536): the most cached tokens kept; when more are stored, the
+            entries used least recently go first.
     """
 
     max_idle_calls: int = 1
@@ -72,25 +78,39 @@ class PrefixCache:
         return best
 
     def add(self, entry: CacheEntry) -> None:
+        """Store `entry` (most recently used), then drop the least recently used over the token budget."""
         self.entries.append(entry)
+        total = sum(len(e) for e in self.entries)
+        while total > self.max_tokens and len(self.entries) > 1:
+            total -= len(self.entries.pop(0))
 
-    def consume(self, entry: CacheEntry) -> None:
-        """A row extended `entry`: a private entry is superseded by the row's new one; a shared one is kept."""
+    def consume(self, entry: CacheEntry, owner: Hashable | None) -> None:
+        """A row of `owner` extended `entry`: a private entry is superseded by the row's new one; a shared
+        one is kept (and remembers its user)."""
         entry.idle_calls = 0
-        if not entry.shared and any(e is entry for e in self.entries):
+        if entry.shared:
+            if owner is not None:
+                entry.users.add(owner)
+            self.entries = [e for e in self.entries if e is not entry] + [entry]  # most recently used
+        else:
             self.entries = [e for e in self.entries if e is not entry]
+
+    def release(self, owner: Hashable) -> None:
+        """An episode ended: drop its entries, and the shared prefixes no running episode uses any more."""
+        kept = []
+        for entry in self.entries:
+            entry.users.discard(owner)
+            if entry.owner == owner or (entry.shared and entry.owner is not None and not entry.users):
+                continue
+            kept.append(entry)
+        self.entries = kept
 
     def end_call(self) -> None:
-        """Age the entries after an engine call and drop the stale ones and those over the token budget."""
+        """Age the entries without owner after a batch call and drop the stale ones."""
         for entry in self.entries:
-            entry.idle_calls += 1
-        self.entries = [e for e in self.entries if e.idle_calls <= self.max_idle_calls + 1]
-        total = sum(len(e) for e in self.entries)
-        for entry in sorted(self.entries, key=lambda e: -e.idle_calls):
-            if total <= self.max_tokens:
-                break
-            self.entries = [e for e in self.entries if e is not entry]
-            total -= len(entry)
+            if entry.owner is None:
+                entry.idle_calls += 1
+        self.entries = [e for e in self.entries if e.owner is not None or e.idle_calls <= self.max_idle_calls + 1]
 
     def clear(self) -> None:
         self.entries.clear()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 FINISH_STOP = "stop"
 FINISH_EOS = "eos"
 FINISH_LENGTH = "length"
@@ -44,7 +42,3 @@ class StopChecker:
                 if any(stop in text for stop in self.stop_strings):
                     reasons[row] = FINISH_STOP
         return reasons
-
-
-def as_id_lists(token_ids: torch.Tensor) -> list[list[int]]:
-    return token_ids.tolist()

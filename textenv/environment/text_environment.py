@@ -21,10 +21,17 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.engine.engine import RolloutEngine, ensure_pad_token, model_device, unwrap_model
-from textenv.tools.base import call_tool, tools_by_name
+from textenv.asyncio_bridge import run_sync
+from textenv.checks import check_positive_int
+from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
+from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
+from textenv.padding import ensure_pad_token
+from textenv.tools.base import tools_by_name
+from textenv.tools.tag_calls import TagToolCalls
 
 DEFAULT_MAX_TOOL_RESPONSE = 100
+CONTINUOUS = "continuous"
+LOCKSTEP = "lockstep"
 
 
 class TextEnvironment:
@@ -52,6 +59,10 @@ class TextEnvironment:
             batch and waiting ones take their place).
         tool_timeout (`float`, *optional*): seconds a tool may run before its response becomes
             `"Tool error: ... timed out"`.
+        turn_order (`str`, *optional*): `"continuous"` plays every episode at its own pace on the
+            generation engine; `"lockstep"` runs legacy TRL's order through `self.generate` (every active
+            episode's turn, then every tool call). `None` (default): continuous, unless `generate` is
+            overridden (a subclass, or patched as legacy tests do), which then runs in lockstep with a warning.
     """
 
     def __init__(
@@ -69,14 +80,15 @@ class TextEnvironment:
         max_tool_response: int | None = None,
         batch_size: int = 32,
         tool_timeout: float | None = None,
+        turn_order: str | None = None,
     ):
         if model is None or tokenizer is None:
             raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}.")
-        _check_positive_int("max_turns", max_turns, allow_zero=True)
+        check_positive_int("max_turns", max_turns, allow_zero=True)
         if max_length is not None:
-            _check_positive_int("max_length", max_length)
+            check_positive_int("max_length", max_length)
         self.model = model
         self.tokenizer = tokenizer
         ensure_pad_token(tokenizer)
@@ -89,6 +101,10 @@ class TextEnvironment:
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
         self.batch_size = batch_size
         self.tool_timeout = tool_timeout
+        if turn_order not in (None, CONTINUOUS, LOCKSTEP):
+            raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r}, got {turn_order!r}.")
+        self.turn_order = turn_order
+        self._warned_lockstep = False
         self.request_token = REQUEST_TOKEN
         self.call_token = CALL_TOKEN
         self.response_token = RESPONSE_TOKEN
@@ -97,16 +113,17 @@ class TextEnvironment:
         if self.is_encoder_decoder:
             raise NotImplementedError("TextEnvironment supports decoder-only (causal) language models.")
         self.current_device = model_device(model)
-        self._engine = RolloutEngine(model, tokenizer, batch_size=batch_size)
+        self._engine = GenerationEngine(model, tokenizer, batch_size=batch_size)
 
     # ------------------------------------------------------------------ episodes
     def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:
         """Run one episode per query.
 
-        Each episode goes on to its next turn as soon as its tool has answered, while slower episodes are
-        still generating (the same turns as legacy TRL's lockstep loop, with no waiting for the slowest
-        row). When `generate` is overridden (in a subclass or on the instance, as legacy tests mock it),
-        turns run in lockstep through it: every active episode's turn, then every tool call.
+        Episodes are played by the one episode driver on the generation engine: an episode goes on to its
+        next turn as soon as its tool has answered, while slower episodes are still generating (the same
+        turns as legacy TRL's lockstep loop, with no waiting for the slowest row). With
+        `turn_order="lockstep"` turns run in legacy order through `self.generate`: every active episode's
+        turn, then every tool call.
 
         Args:
             queries (`list[str]`): the tasks; each episode starts from `prompt + query`.
@@ -119,10 +136,10 @@ class TextEnvironment:
         """
         _check_queries(queries)
         histories = [self._start_history(index, query) for index, query in enumerate(queries)]
-        if self._generate_is_overridden():
+        if self._turn_order() == LOCKSTEP:
             histories = self._run_in_lockstep(histories)
         else:
-            self._run_at_own_pace(histories)
+            histories = run_sync(self._play(histories))
         for history in histories:
             if not history.completed:
                 history.complete(truncated=True)
@@ -134,10 +151,26 @@ class TextEnvironment:
         rewards = [history.reward for history in histories]
         return queries_tokens, responses, masks, rewards, histories
 
-    def _generate_is_overridden(self) -> bool:
+    def _turn_order(self) -> str:
         # A subclass method, an attribute set on the instance, or a patch of the class attribute
-        # (`patch.object(TextEnvironment, "generate", ...)`, as legacy tests do).
-        return "generate" in vars(self) or type(self).generate is not _BUILTIN_GENERATE
+        # (`patch.object(TextEnvironment, "generate", ...)`, as legacy tests do) replaces generation, and
+        # only the lockstep order calls it.
+        overridden = "generate" in vars(self) or type(self).generate is not _BUILTIN_GENERATE
+        if self.turn_order is not None:
+            if overridden and self.turn_order == CONTINUOUS:
+                raise ValueError(
+                    "turn_order='continuous' plays episodes on the generation engine, which never calls the "
+                    "overridden generate(); pass turn_order='lockstep' (or None) to use it."
+                )
+            return self.turn_order
+        if overridden and not self._warned_lockstep:
+            self._warned_lockstep = True
+            warnings.warn(
+                "TextEnvironment.generate is overridden: turns run in lockstep through it (legacy order). "
+                "Pass turn_order='lockstep' to say so and silence this warning.",
+                stacklevel=3,
+            )
+        return LOCKSTEP if overridden else CONTINUOUS
 
     def _run_in_lockstep(self, histories: list[TextHistory]) -> list[TextHistory]:
         """Legacy order: every active episode's turn through `self.generate`, then every tool call, repeat."""
@@ -151,27 +184,21 @@ class TextEnvironment:
             turns += 1
         return histories
 
-    def _run_at_own_pace(self, histories: list[TextHistory]) -> None:
-        """The same turns per episode, but an episode whose turn ended gets its tool response and goes on
-        generating while the others are still on their turn (no waiting for the slowest row)."""
-        turns = [0] * len(histories)
+    async def _play(self, histories: list[TextHistory]) -> list[TextHistory]:
+        """The same turns per episode as the lockstep order, each episode at its own pace."""
+        episodes = [_ToolEpisode(self, history) for history in histories]
+        await play_all([lambda episode=episode: episode for episode in episodes], self._engine_for_call(), len(episodes))
+        for episode in episodes:
+            if episode.failures:
+                raise episode.failures[0].error
+        return [episode.history for episode in episodes]
 
-        def next_context(index: int, completion) -> torch.Tensor | None:
-            history = histories[index]
-            history.append_segment(completion.text, completion.token_ids, system=False)
-            history = self.tasks_end_check([history])[0]
-            history = self.step(history)
-            histories[index] = history = self.tasks_end_check([history], model_turn=False)[0]
-            turns[index] += 1
-            return None if history.completed or turns[index] >= self.max_turns else history.tokens
-
-        self._engine_for_call().run_turns(
-            [history.tokens for history in histories],
-            next_context,
-            stop_strings=(self.call_token, self.submit_token),
-            generation_kwargs=self.generation_kwargs,
-            batch_size=self.batch_size,
-        )
+    def _react(self, history: TextHistory, completion) -> TextHistory:
+        """Record the model's turn, end the episode or answer its tool call."""
+        history.append_segment(completion.text, completion.token_ids, system=False)
+        history = self.tasks_end_check([history])[0]
+        history = self.step(history)
+        return self.tasks_end_check([history], model_turn=False)[0]
 
     def _start_history(self, index: int, query: str) -> TextHistory:
         text = self.prompt + query
@@ -193,25 +220,16 @@ class TextEnvironment:
             history.complete(truncated=truncated)
         if history.completed:
             return history
-        response = self._tool_response(history.last_text_segment)
-        response = self._truncate(neutralize(response, self._forbidden_strings()))
+        tool_calls = self._tool_calls()
+        response = tool_calls.truncate(neutralize(tool_calls.respond(history.last_text_segment), self._forbidden_strings()))
         text = response + self.response_token
         tokens = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
         history.append_segment(text, tokens.to(history.tokens.device), system=True)
         return history
 
-    def _tool_response(self, model_text: str) -> str:
-        tool_name, query = self.parse_tool_call(model_text)
-        if tool_name is None or query is None:
-            return f"Unknown tool call: {model_text}"
-        if tool_name not in self.tools:
-            return f"Unknown tool {tool_name}."
-        return call_tool(self.tools[tool_name], query, timeout=self.tool_timeout)
-
-    def _truncate(self, response: str) -> str:
-        if len(response) > self.max_tool_response:
-            return response[: self.max_tool_response - 3] + "..."
-        return response
+    def _tool_calls(self) -> TagToolCalls:
+        # Built per call: tools, limits and `parse_tool_call` may be replaced after construction.
+        return TagToolCalls(self.tools, timeout=self.tool_timeout, max_response=self.max_tool_response, parse=self.parse_tool_call)
 
     def _forbidden_strings(self) -> list[str]:
         return [*CONTROL_TAGS, *self.tokenizer.all_special_tokens]
@@ -224,7 +242,7 @@ class TextEnvironment:
     def generate(self, histories: list[TextHistory]) -> list[TextHistory]:
         """Generate one model turn for every history that is not completed; returns the same list."""
         active = [index for index, history in enumerate(histories) if not history.completed]
-        completions = self._engine_for_call().generate(
+        completions = self._engine_for_call().generate_batch(
             [histories[index].tokens for index in active],
             stop_strings=(self.call_token, self.submit_token),
             generation_kwargs=self.generation_kwargs,
@@ -236,7 +254,7 @@ class TextEnvironment:
 
     def _generate_batched(self, query_tensors: Sequence[torch.Tensor], batch_size: int = 16, pad_to_multiple_of=None) -> list[torch.Tensor]:
         """Legacy helper: generate one turn per token tensor and return the new token ids only."""
-        completions = self._engine_for_call().generate(
+        completions = self._engine_for_call().generate_batch(
             list(query_tensors),
             stop_strings=(self.call_token, self.submit_token),
             generation_kwargs=self.generation_kwargs,
@@ -244,10 +262,11 @@ class TextEnvironment:
         )
         return [completion.token_ids for completion in completions]
 
-    def _engine_for_call(self) -> RolloutEngine:
+    def _engine_for_call(self) -> GenerationEngine:
         # Attributes may be replaced after construction (env.model = ...); the engine follows them.
         self._engine.model = self.model
         self._engine.tokenizer = self.tokenizer
+        self._engine.batch_size = self.batch_size
         return self._engine
 
     # ------------------------------------------------------------------ ending and rewards
@@ -312,16 +331,10 @@ def _resolve_max_tool_response(legacy_value: int | None, value: int | None) -> i
     chosen = value if value is not None else legacy_value
     if chosen is None:
         return DEFAULT_MAX_TOOL_RESPONSE
-    _check_positive_int("max_tool_response", chosen)
+    check_positive_int("max_tool_response", chosen)
     if chosen < 4:
         warnings.warn("max_tool_response < 4 leaves no room for the '...' truncation mark.", stacklevel=3)
     return chosen
-
-
-def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        bound = ">= 0" if allow_zero else ">= 1"
-        raise ValueError(f"{name} must be an int {bound}, got {value!r}.")
 
 
 def _check_queries(queries: Any) -> None:
@@ -335,3 +348,24 @@ def _check_queries(queries: Any) -> None:
 
 
 _BUILTIN_GENERATE = TextEnvironment.generate
+
+
+class _ToolEpisode(Episode):
+    """A TextEnvironment episode for the driver: the context is the history's tokens, and the reaction is
+    the environment's own (`step` and the end checks, which subclasses may override)."""
+
+    stop_rules = (StopRule("completed", lambda episode: episode.history.completed), MAX_TURNS)
+
+    def __init__(self, env: TextEnvironment, history: TextHistory):
+        super().__init__()
+        self.env = env
+        self.history = history
+        self.max_turns = env.max_turns
+        self.stop_strings = (env.call_token, env.submit_token)
+        self.generation_kwargs = env.generation_kwargs
+
+    def context(self) -> torch.Tensor:
+        return self.history.tokens
+
+    async def react(self, completion) -> None:
+        self.history = self.env._react(self.history, completion)

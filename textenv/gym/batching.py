@@ -1,23 +1,22 @@
-"""Batched generation for concurrent episodes.
+"""`BatchedGenerator`: the driver's generator interface around a function that generates for a whole
+batch at once (a scripted policy, or an overridden `GymScheduler.generate`).
 
-Episodes are coroutines; each asks for its next model turn with `await queue.submit(context, stops)`.
-The queue runs one generation call at a time in a worker thread, with every request that is waiting
-(up to `batch_size`, same stop strings), so the event loop stays free for env steps while the model
-generates, and a slow env never holds back the other episodes' generation.
+Each episode asks for its next turn with ``await generator.generate(context, stop_strings)``. One call of
+the batch function at a time runs in a worker thread, with every request that is waiting (up to
+`batch_size`, same stop strings), so the event loop stays free for env steps while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Hashable, Iterable, List, Optional, Tuple
 
 import torch
 
 from textenv.engine.engine import Completion
 
-GenerateFn = Callable[[List[torch.Tensor], Tuple[str, ...]], List[Completion]]
+BatchFunction = Callable[[List[torch.Tensor], Tuple[str, ...]], List[Completion]]
 
 
 @dataclass
@@ -27,36 +26,37 @@ class _Request:
     future: asyncio.Future
 
 
-class GenerationQueue:
+class BatchedGenerator:
     """Collects generation requests from episodes and serves them in batches.
 
     Args:
-        generate: ``generate(contexts, stop_strings) -> completions``; called in `executor`.
-        executor: runs `generate` off the event loop (one worker).
-        batch_size: most requests per `generate` call.
+        generate: ``generate(contexts, stop_strings) -> completions``; called in a worker thread.
+        batch_size: most requests per call.
 
     Attributes:
         batch_sizes (`list[int]`): the size of every batch served, in order.
     """
 
-    def __init__(self, generate: GenerateFn, executor: Executor, batch_size: int):
-        self.generate = generate
-        self.executor = executor
+    def __init__(self, generate: BatchFunction, batch_size: int):
+        self.batch_function = generate
         self.batch_size = batch_size
         self.batch_sizes: List[int] = []
         self._pending: List[_Request] = []
         self._running: Optional[asyncio.Task] = None
 
-    async def submit(self, context: torch.Tensor, stop_strings: Sequence[str] = ()) -> Completion:
-        """Generate one turn from `context`; returns when its batch is done.
+    async def generate(self, context_ids: torch.Tensor, stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None, *, episode: Hashable | None = None) -> Completion:
+        """Generate one turn from `context_ids`; returns when its batch is done.
 
         Raises:
-            Exception: whatever `generate` raised for the batch.
+            Exception: whatever the batch function raised for the batch.
         """
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(context, tuple(stop_strings), future))
+        self._pending.append(_Request(context_ids, tuple(stop_strings), future))
         self._start_batch()
         return await future
+
+    def end_episode(self, episode: Hashable) -> None:
+        """Nothing is kept per episode."""
 
     def _start_batch(self) -> None:
         if self._running is None and self._pending:
@@ -84,10 +84,9 @@ class GenerationQueue:
 
     async def _generate(self, batch: List[_Request]) -> None:
         self.batch_sizes.append(len(batch))
-        loop = asyncio.get_running_loop()
         contexts = [request.context for request in batch]
         try:
-            completions = await loop.run_in_executor(self.executor, self.generate, contexts, batch[0].stop_strings)
+            completions = await asyncio.to_thread(self.batch_function, contexts, batch[0].stop_strings)
             if len(completions) != len(batch):
                 raise RuntimeError(f"generate returned {len(completions)} completions for {len(batch)} contexts.")
         except Exception as error:  # noqa: BLE001 - delivered to every episode of the batch

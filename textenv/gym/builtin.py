@@ -7,9 +7,9 @@ import re
 from fractions import Fraction
 from typing import Any, Dict, Optional, Tuple
 
-from textenv.environment.syntax import CALL_TOKEN, REQUEST_TOKEN, SUBMIT_TOKEN, parse_tool_call
+from textenv.environment.syntax import CALL_TOKEN, REQUEST_TOKEN, SUBMIT_TOKEN
 from textenv.gym.env import ContextManager, Env, Messages, RolloutInferRequest
-from textenv.tools.base import call_tool
+from textenv.tools.tag_calls import TagToolCalls
 
 MATH_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
@@ -95,7 +95,7 @@ class ToolEnv(Env):
     The model calls a tool with ``<request><Calculator>2+3<call>`` (the turn stops at ``<call>``); the
     tool's response comes back as the next user message. A reply without a tool call (or with
     ``<submit>``) ends the episode: reward 1.0 if its answer matches the row's `answer` (or `solution`),
-    else 0.0.
+    else 0.0. The tool-call rules are TextEnvironment's (`TagToolCalls`).
 
     `env_config` keys: `tools` (names from `available_tools`, default all), `tool_timeout` (seconds,
     default 10), `system_prompt`. Subclass and extend `available_tools` to offer more tools.
@@ -113,6 +113,7 @@ class ToolEnv(Env):
             raise ValueError(f"tool_env: unknown tools {unknown}. Available: {sorted(classes)}")
         self.tools = {name: classes[name]() for name in names}
         self.tool_timeout = float(env_config.get("tool_timeout", 10.0))
+        self.tool_calls = TagToolCalls(self.tools, timeout=self.tool_timeout)
 
     def tool_classes(self) -> Dict[str, Any]:
         """`{name: tool class}` this env can offer (the calculator plus `available_tools`)."""
@@ -139,14 +140,15 @@ class ToolEnv(Env):
 
     async def step(self, action: Messages) -> Tuple[Optional[str], float, bool, Dict[str, Any]]:
         reply = action[-1]["content"]
-        name, query = parse_tool_call(reply)
-        if name is None or SUBMIT_TOKEN in reply:
+        if self.tool_calls.ends_episode(reply):
             correct = answers_match(extract_answer(reply.replace(SUBMIT_TOKEN, "")), self.answer)
             return None, 1.0 if correct else 0.0, True, {"correct": correct}
+        name, query = self.tool_calls.parse(reply)
+        response = await asyncio.to_thread(self.tool_calls.respond, reply)
+        info: Dict[str, Any] = {"tool": name, "query": query}
         if name not in self.tools:
-            return f"Unknown tool {name}.", 0.0, False, {"tool": name, "error": "unknown tool"}
-        response = await asyncio.to_thread(call_tool, self.tools[name], query, self.tool_timeout)
-        return response, 0.0, False, {"tool": name, "query": query}
+            info["error"] = "unknown tool"
+        return response, 0.0, False, info
 
     async def close(self) -> None:
         return None

@@ -6,12 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from textenv.environment.history import TextHistory
+from textenv.episodes.driver import FINISH_ERROR, FINISH_MAX_LENGTH, FINISH_MAX_TURNS  # noqa: F401 - the finish reasons
 from textenv.gym.env import Messages, RolloutOutput
 
 FINISH_DONE = "done"
-FINISH_MAX_TURNS = "max_turns"
-FINISH_MAX_LENGTH = "max_length"
-FINISH_ERROR = "error"
 
 
 def error_record(stage: str, error: BaseException, turn: Optional[int] = None) -> Dict[str, Any]:
@@ -41,6 +39,7 @@ class GymEpisode:
         turn_finish_reasons (`list[str]`): how each model turn ended (`"eos"`, `"stop"`, `"length"`).
         closed (`bool`): the env's `close()` ran (or no env was created).
         step (`int`): the training step it was generated for.
+        prompt (`str`): the rendered conversation before the final reply (as `completions.jsonl` logs it).
     """
 
     row_index: int
@@ -57,6 +56,7 @@ class GymEpisode:
     turn_finish_reasons: List[str] = field(default_factory=list)
     closed: bool = True
     step: int = 0
+    prompt: str = ""
 
     @property
     def error(self) -> Optional[Dict[str, Any]]:

@@ -1,59 +1,47 @@
-"""`GymScheduler`: runs gym episodes concurrently on the shared generation engine.
+"""`GymScheduler`: the Gym front end. It turns dataset rows into `GymPlay` episodes, plays them with the
+one episode driver on the shared generation engine (continuous batching, each episode's KV kept across its
+turns), and returns them as `GymEpisode`s, each also written to `completions.jsonl` as it ends.
 
-For every dataset row (times `num_generations`): a fresh env and context manager; `reset` gives the
-system and first user message; each turn the context manager picks the messages, the model replies
-(through the chat template, keeping its exact token ids), `env.step` sees the conversation, and its
-observation becomes the next user message unless the episode is over. Episodes end on `done`,
-`max_turns` (no observation is appended after the last turn: the ms-swift G1 bug), `max_length`, or
-an error. `close()` always runs. An env that raises, hangs past `step_timeout` or returns a malformed
-value ends only its own episode; the error is recorded in the episode and in `completions.jsonl`.
+An env that raises, hangs past `step_timeout` or returns a malformed value ends only its own episode; the
+error is recorded in the episode and in `completions.jsonl`. `close()` always runs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import count
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
 from textenv.asyncio_bridge import run_sync
-from textenv.environment.syntax import CONTROL_TAGS
-from textenv.gym.batching import GenerationQueue
+from textenv.checks import check_positive_int
+from textenv.engine.engine import Completion, GenerationEngine
+from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
+from textenv.gym.batching import BatchedGenerator
 from textenv.gym.chat import ChatRenderer
 from textenv.gym.completions import CompletionsLog
-from textenv.gym.env import ContextManager, Env, RolloutInferRequest
-from textenv.gym.episode import FINISH_DONE, FINISH_ERROR, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
-from textenv.gym.registry import load_plugins, resolve_context_manager, resolve_env
-from textenv.gym.rows import load_rows, make_request
-from textenv.gym.transcript import Transcript, check_loss_scale
-from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
-from textenv.engine.engine import Completion, RolloutEngine
+from textenv.gym.episode import GymEpisode
+from textenv.gym.play import GymPlay, completion_record
+from textenv.gym.registry import load_plugins
+from textenv.gym.rows import load_rows
+from textenv.gym.transcript import check_loss_scale
+
+__all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
 
 Policy = Callable[[List[torch.Tensor], Sequence[str]], List[Completion]]
 
 
-class EnvTimeoutError(TimeoutError):
-    """An env call took longer than the scheduler's `step_timeout`."""
-
-
 @dataclass
 class RunStats:
-    """Counters of the last `run`: envs created and closed, episodes finished, generation batches."""
+    """Counters of the last `run`: envs created and closed, episodes finished, generation batches (with a
+    `policy` or an overridden `generate`; `None` on the engine, which batches continuously)."""
 
     envs_created: int = 0
     envs_closed: int = 0
     episodes: int = 0
     errors: int = 0
     batch_sizes: Optional[List[int]] = None
-
-
-class _Failure(Exception):
-    """Ends an episode: the error at `stage` has been recorded."""
 
 
 class GymScheduler:
@@ -108,8 +96,8 @@ class GymScheduler:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
         if model is None and policy is None:
             raise ValueError("GymScheduler needs a model (or a policy callable for scripted episodes).")
-        _check_positive("batch_size", batch_size)
-        _check_positive("max_concurrency", max_concurrency)
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("max_concurrency", max_concurrency)
         self.model = model
         self.tokenizer = tokenizer
         self.gym_env = gym_env
@@ -125,21 +113,31 @@ class GymScheduler:
         self.policy = policy
         self.renderer = ChatRenderer(tokenizer)
         self.stats = RunStats()
-        self._engine: Optional[RolloutEngine] = None
+        self._engine: Optional[GenerationEngine] = None
         load_plugins(external_plugins)
 
     # ------------------------------------------------------------------ generation
     def generate(self, contexts: List[torch.Tensor], stop_strings: Sequence[str] = ()) -> List[Completion]:
-        """One model turn per context (runs in the generation thread). Uses `policy` if given, else the
-        shared `RolloutEngine`. Override to swap the generator."""
+        """One model turn per context, for a whole batch: the `policy` if given, else the engine.
+        Overriding it swaps the generator (episodes then generate in batches through it)."""
         if self.policy is not None:
             return self.policy(contexts, stop_strings)
+        return self._engine_for_call().generate_batch(contexts, stop_strings=stop_strings, batch_size=self.batch_size)
+
+    def _engine_for_call(self) -> GenerationEngine:
         if self._engine is None:
-            self._engine = RolloutEngine(self.model, self.tokenizer, batch_size=self.batch_size)
+            self._engine = GenerationEngine(self.model, self.tokenizer, batch_size=self.batch_size)
         self._engine.model = self.model
-        return self._engine.generate(
-            contexts, stop_strings=stop_strings, generation_kwargs=self.generation_kwargs, batch_size=self.batch_size
-        )
+        self._engine.generation_kwargs = self.generation_kwargs
+        self._engine.batch_size = self.batch_size
+        return self._engine
+
+    def _generator(self):
+        """The engine (continuous batching), or batches through `generate` when a `policy` is given or
+        `generate` is overridden."""
+        if self.policy is None and type(self).generate is GymScheduler.generate and "generate" not in vars(self):
+            return self._engine_for_call()
+        return BatchedGenerator(self.generate, self.batch_size)
 
     # ------------------------------------------------------------------ running
     def run(
@@ -190,252 +188,42 @@ class GymScheduler:
         """
         from tqdm import tqdm
 
-        _check_positive("num_generations", num_generations)
+        check_positive_int("num_generations", num_generations)
         if isinstance(rows, (str, Path)):
             rows = load_rows(rows)
         self.stats = RunStats()
         log, own_log = _open_log(completions_path)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textenv-gym-generate")
-        queue = GenerationQueue(self.generate, executor, self.batch_size)
+        generator = self._generator()
+        timeouts = Timeouts()
         total = len(rows) * num_generations if hasattr(rows, "__len__") else None
-        bar = tqdm(total=total, desc="gym episodes", unit="episode") if progress else _NoBar()
-        context = _RunContext(queue=queue, log=log, bar=bar, step=step)
-        results: Dict[int, GymEpisode] = {}
+        bar = tqdm(total=total, desc="gym episodes", unit="episode", disable=not progress)
+        results: List[GymEpisode] = []
+
+        def plays():
+            for index, row in enumerate(rows):
+                for _ in range(num_generations):
+                    yield lambda index=index, row=row: GymPlay(self, index, row, step, timeouts)
+
+        def on_done(index: int, play: GymPlay) -> None:
+            episode = play.finish()
+            self.stats.episodes += 1
+            self.stats.errors += bool(episode.errors)
+            if log is not None:
+                log.write(completion_record(episode))
+            bar.update(1)
+            if keep_episodes:
+                results.append((index, episode))
+
         try:
-            await self._run_all(rows, num_generations, context, results if keep_episodes else None)
+            await play_all(plays(), generator, self.max_concurrency, on_done)
         finally:
-            await context.cancel_abandoned()
-            executor.shutdown(wait=True)
+            await timeouts.cancel_abandoned()
             bar.close()
             if own_log and log is not None:
                 log.close()
-            self.stats.batch_sizes = list(queue.batch_sizes)
-        return [results[key] for key in sorted(results)]
-
-    async def _run_all(self, rows, num_generations, context: "_RunContext", results: Optional[Dict[int, GymEpisode]]) -> None:
-        slots = asyncio.Semaphore(self.max_concurrency)
-        tasks: set = set()
-        try:
-            for index, row in enumerate(rows):
-                for generation in range(num_generations):
-                    await slots.acquire()
-                    task = asyncio.create_task(self._episode(index, row, context))
-                    tasks.add(task)
-                    task.add_done_callback(_finisher(tasks, slots, results, index * num_generations + generation))
-            if tasks:
-                await asyncio.gather(*list(tasks))
-        finally:
-            for task in list(tasks):
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*list(tasks), return_exceptions=True)
-
-    # ------------------------------------------------------------------ one episode
-    async def _episode(self, index: int, row: Mapping[str, Any], context: "_RunContext") -> GymEpisode:
-        episode = GymEpisode(row_index=index, step=context.step)
-        env: Optional[Env] = None
-        try:
-            try:
-                request = make_request(row)
-                episode.trajectory_id = request.uuid
-                env_config = dict(request.data_dict.get("env_config") or {})
-                ctx_config = dict(request.data_dict.get("ctx_config") or {})
-                episode.env_name = env_config.get("name", self.gym_env)
-                env_class = resolve_env(env_config, self.gym_env)
-                manager = resolve_context_manager(ctx_config, self.context_manager)(ctx_config)
-                env = env_class(env_config)
-            except Exception as error:  # noqa: BLE001 - a bad row ends its own episode only
-                episode.errors.append(error_record("config", error))
-            else:
-                self.stats.envs_created += 1
-                episode.closed = False
-                await self._play(env, manager, request, episode, context)
-        except _Failure:
-            pass
-        except asyncio.CancelledError:
-            episode.errors.append({"stage": "run", "type": "CancelledError", "message": "the run was cancelled", "turn": None})
-            raise
-        finally:
-            if env is not None:
-                await self._close(env, episode, context)
-            self._finish(episode, context)
-        return episode
-
-    async def _play(self, env: Env, manager: ContextManager, request: RolloutInferRequest, episode: GymEpisode, context: "_RunContext") -> None:
-        name = type(env).__name__
-        reset = await self._env_call("reset", lambda: env.reset(request), episode, context)
-        observation, info, system = self._checked("reset", lambda: check_reset_result(reset, name), episode)
-        episode.trajectory_infos.append(info)
-        opening = [{"role": "system", "content": self.renderer.neutralize(system)}] if system else []
-        opening.append({"role": "user", "content": self._observation_text(observation)})
-        transcript = self._checked("reset", lambda: Transcript(self.renderer, opening), episode)
-        context.transcripts[id(episode)] = transcript
-        stop_strings = tuple(dict.fromkeys([*self.stop_strings, *getattr(env, "stop_strings", ())]))
-        for turn in count(1):
-            self._checked("context_manager", lambda: self._manage(manager, transcript, episode.trajectory_id), episode, turn)
-            ids, prompt = self._checked("context_manager", transcript.generation_context, episode, turn)
-            if self.max_length is not None and len(ids) >= self.max_length:
-                episode.finish_reason = FINISH_MAX_LENGTH
-                return
-            completion = await self._generation(context, ids, stop_strings, episode, turn)
-            episode.num_turns = turn
-            episode.turn_finish_reasons.append(completion.finish_reason)
-            self._checked("generate", lambda: transcript.add_reply(completion, prompt), episode, turn)
-            result = await self._env_call("step", lambda: env.step(transcript.messages), episode, context, turn)
-            observation, reward, done, info = self._checked("step", lambda: check_step_result(result, name), episode, turn)
-            episode.step_rewards.append(reward)
-            episode.total_reward += reward
-            episode.trajectory_infos.append(info)
-            if done:
-                episode.finish_reason = FINISH_DONE
-                return
-            if self.max_turns is not None and turn >= self.max_turns:
-                episode.finish_reason = FINISH_MAX_TURNS
-                return
-            transcript.add_message({"role": "user", "content": self._observation_text(observation)})
-
-    def _manage(self, manager: ContextManager, transcript: Transcript, trajectory_id: str) -> None:
-        managed = manager.manage_context(transcript.messages, trajectory_id)
-        transcript.apply_context(check_managed_messages(managed, type(manager).__name__))
-
-    def _observation_text(self, observation: str) -> str:
-        return self.renderer.neutralize(observation, CONTROL_TAGS)
-
-    async def _generation(self, context: "_RunContext", ids: torch.Tensor, stops, episode: GymEpisode, turn: int) -> Completion:
-        try:
-            return await context.queue.submit(ids, stops)
-        except Exception as error:  # noqa: BLE001 - recorded for each episode of the failed batch
-            episode.errors.append(error_record("generate", error, turn))
-            raise _Failure from error
-
-    def _checked(self, stage: str, function: Callable[[], Any], episode: GymEpisode, turn: Optional[int] = None) -> Any:
-        try:
-            return function()
-        except Exception as error:  # noqa: BLE001 - env/user code errors end this episode only
-            episode.errors.append(error_record(stage, error, turn))
-            raise _Failure from error
-
-    async def _env_call(self, stage: str, call: Callable[[], Any], episode: GymEpisode, context: "_RunContext", turn: Optional[int] = None) -> Any:
-        """Call an env method (async, or plain for lenience) with the timeout; record failures."""
-        try:
-            result = call()
-            if inspect.isawaitable(result):
-                result = await context.with_timeout(result, self.step_timeout, stage)
-            return result
-        except Exception as error:  # noqa: BLE001
-            episode.errors.append(error_record(stage, error, turn))
-            raise _Failure from error
-
-    async def _close(self, env: Env, episode: GymEpisode, context: "_RunContext") -> None:
-        try:
-            await self._env_call("close", env.close, episode, context)
-        except _Failure:
-            pass
-        finally:
-            episode.closed = True
-            self.stats.envs_closed += 1
-
-    # ------------------------------------------------------------------ results
-    def _finish(self, episode: GymEpisode, context: "_RunContext") -> None:
-        transcript = context.transcripts.pop(id(episode), None)
-        if episode.errors:
-            episode.finish_reason = FINISH_ERROR
-        elif episode.finish_reason == FINISH_ERROR:  # ended without a reason: the turn loop cannot do that
-            episode.finish_reason = FINISH_DONE
-        prompt = ""
-        if transcript is not None:
-            try:
-                episode.messages = transcript.messages
-                episode.history = transcript.to_history(self.loss_scale)
-                before_reply = episode.messages[:-1] if episode.completion else episode.messages
-                prompt = self.renderer.render(before_reply)
-            except Exception as error:  # noqa: BLE001 - never lose the episode's log line
-                episode.errors.append(error_record("history", error, episode.num_turns))
-                episode.finish_reason = FINISH_ERROR
-        if episode.history is not None:
-            episode.history.reward = episode.total_reward
-            episode.history.info = episode.rollout_infos()
-            episode.history.complete(truncated=episode.finish_reason in (FINISH_MAX_TURNS, FINISH_MAX_LENGTH))
-        self.stats.episodes += 1
-        self.stats.errors += bool(episode.errors)
-        if context.log is not None:
-            context.log.write(completion_record(episode, prompt))
-        context.bar.update(1)
-
-
-def completion_record(episode: GymEpisode, prompt: str) -> Dict[str, Any]:
-    """The `completions.jsonl` line of an episode."""
-    return {
-        "step": episode.step,
-        "prompt": prompt,
-        "completion": episode.completion,
-        "messages": episode.messages,
-        "total_reward": episode.total_reward,
-        "step_rewards": episode.step_rewards,
-        "num_turns": episode.num_turns,
-        "trajectory_id": episode.trajectory_id,
-        "trajectory_infos": episode.trajectory_infos,
-        "finish_reason": episode.finish_reason,
-        "error": episode.error,
-        "errors": episode.errors,
-        "env": episode.env_name,
-        "row_index": episode.row_index,
-    }
-
-
-class _RunContext:
-    """What the episodes of one run share: the generation queue, the log, the progress bar, and the
-    env calls abandoned after a timeout."""
-
-    def __init__(self, queue: GenerationQueue, log: Optional[CompletionsLog], bar, step: int):
-        self.queue = queue
-        self.log = log
-        self.bar = bar
-        self.step = step
-        self.transcripts: Dict[int, Transcript] = {}
-        self._abandoned: set = set()
-
-    async def with_timeout(self, awaitable: Awaitable, timeout: Optional[float], stage: str) -> Any:
-        task = asyncio.ensure_future(awaitable)
-        try:
-            done, _ = await asyncio.wait({task}, timeout=timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            # Cancel, but do not wait: an env that ignores cancellation must not hang the episode.
-            task.cancel()
-            self._abandoned.add(task)
-            task.add_done_callback(self._abandoned.discard)
-            raise EnvTimeoutError(f"{stage} did not return within {timeout:g} s")
-        return task.result()
-
-    async def cancel_abandoned(self, grace: float = 1.0) -> None:
-        tasks = [task for task in self._abandoned if not task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
-
-
-class _NoBar:
-    """Stands in for a tqdm bar when progress is off (tqdm would still start its monitor thread)."""
-
-    def update(self, count: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _finisher(tasks: set, slots: asyncio.Semaphore, results: Optional[Dict[int, GymEpisode]], key: int):
-    def finish(task: asyncio.Task) -> None:
-        tasks.discard(task)
-        slots.release()
-        if results is not None and not task.cancelled() and task.exception() is None:
-            results[key] = task.result()
-
-    return finish
+            if isinstance(generator, BatchedGenerator):
+                self.stats.batch_sizes = list(generator.batch_sizes)
+        return [episode for _, episode in sorted(results, key=lambda pair: pair[0])]
 
 
 def _open_log(target) -> tuple[Optional[CompletionsLog], bool]:
@@ -444,8 +232,3 @@ def _open_log(target) -> tuple[Optional[CompletionsLog], bool]:
     if isinstance(target, CompletionsLog):
         return target, False
     return CompletionsLog(target), True
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")

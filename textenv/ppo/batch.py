@@ -42,11 +42,6 @@ class PackedBatch:
         return PackedBatch(*(getattr(self, name)[rows] for name in self.__dataclass_fields__))
 
 
-def right_pad(sequences: list[torch.Tensor], pad_value: int) -> torch.Tensor:
-    """Stack 1-D tensors into `[B, max_len]`, padding on the right."""
-    return torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=pad_value)
-
-
 def pack_batch(
     queries: list[torch.Tensor],
     responses: list[torch.Tensor],

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from textenv.ppo import core
-from textenv.ppo.batch import right_pad
 from textenv.ppo.inputs import check_step_inputs
-from textenv.engine.engine import left_pad
+from textenv.padding import left_pad, right_pad
 
 # Methods whose override makes `step` run the legacy forward passes (they see full-width logits).
 FORWARD_HOOKS = ("batched_forward_pass", "train_minibatch", "loss")

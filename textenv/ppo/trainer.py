@@ -38,9 +38,9 @@ from textenv.ppo.trainer_setup import (
     init_trackers,
     launched_on_cpu_only,
     make_step_in_backward,
-    pad_token_id,
     prepare_reference,
 )
+from textenv.padding import pad_token_id
 from textenv.ppo.utils import convert_to_scalar, stats_to_np
 from textenv.ppo.windowed_forward import WindowedForwardMixin
 

@@ -70,18 +70,6 @@ def check_constructor_args(config, model, tokenizer, dataset, lr_scheduler) -> N
         raise ValueError("lr_scheduler must be a torch.optim.lr_scheduler.LRScheduler")
 
 
-def pad_token_id(tokenizer, model) -> int:
-    """The tokenizer's pad token, else its EOS, else the model config's pad token, else 0."""
-    for candidate in (
-        getattr(tokenizer, "pad_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(model.config, "pad_token_id", None),
-    ):
-        if isinstance(candidate, int):
-            return candidate
-    return 0
-
-
 def launched_on_cpu_only() -> bool:
     """Several processes were launched (torchrun, accelerate) on a machine without accelerators."""
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1

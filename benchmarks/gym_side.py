@@ -1,0 +1,159 @@
+"""The `gym` benchmark workload: multi-turn chat episodes from a scripted env, three ways, on the main venv.
+
+    python benchmarks/gym_side.py --mode scheduler|naive|text-env --episodes 32 --turns 6
+
+- `scheduler`: `GymScheduler` (the one episode driver on the generation engine).
+- `naive`: what a user writes without textenv: every turn, re-render each unfinished episode's chat with
+  the template, and call transformers' `generate` on the whole unfinished batch (left-padded).
+- `text-env`: `TextEnvironment` on episodes of the same shape (same model, turns and token budget; a tool
+  answers every turn), for the tokens/s comparison of the two front ends.
+
+The env asks a question from a fixed list and answers every reply with a short follow-up; an episode runs
+all `--turns` turns. Prints one `BENCH_RESULT {json}` line: seconds, generated tokens, tokens/s and every
+reply's token ids (to check that the ways generate the same tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+import workload
+
+warnings.filterwarnings("ignore")
+
+QUESTIONS = [
+    "Name a fruit that is red.", "What is the capital of France?", "Give me a word that rhymes with cat.",
+    "Which animal says moo?", "What colour is the sky on a clear day?", "Name a planet in our solar system.",
+    "How many legs does a spider have?", "What do bees make?",
+]
+FOLLOW_UPS = ["Tell me one more thing about it.", "Why is that?", "Say it in other words.", "Can you give an example?", "Thanks. Anything else?"]
+SYSTEM = "You are a helpful assistant. Answer in one short sentence."
+MAX_NEW_TOKENS = 24
+
+
+def question(index: int) -> str:
+    return f"{QUESTIONS[index % len(QUESTIONS)]} (question {index})"
+
+
+def follow_up(turn: int) -> str:
+    return FOLLOW_UPS[(turn - 1) % len(FOLLOW_UPS)]
+
+
+def greedy_kwargs() -> dict:
+    return {"do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "temperature": None, "top_p": None, "top_k": None}
+
+
+def load(model_path: str):
+    from transformers import AutoModelForCausalLM
+
+    from textenv.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
+    from textenv.gym import Env, GymScheduler, register_env
+
+    @register_env("bench_chat")
+    class ChatEnv(Env):
+        async def reset(self, config):
+            self.turn = 0
+            return question(config.data_dict["index"]), {}, SYSTEM
+
+        async def step(self, action):
+            self.turn += 1
+            return follow_up(self.turn), 0.0, False, {}
+
+        async def close(self):
+            return None
+
+    scheduler = GymScheduler(model, tokenizer, gym_env="bench_chat", max_turns=turns, generation_kwargs=greedy_kwargs(),
+                             batch_size=episodes, max_concurrency=episodes, loss_scale="default")
+    rows = [{"index": index} for index in range(episodes)]
+    started = time.perf_counter()
+    results = scheduler.run(rows)
+    seconds = time.perf_counter() - started
+    replies = [[segment.tolist() for segment in _model_segments(episode.history)] for episode in results]
+    return _result(seconds, replies)
+
+
+def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
+    from textenv.padding import left_pad
+
+    conversations = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(index)}] for index in range(episodes)]
+    replies: list[list[list[int]]] = [[] for _ in range(episodes)]
+    started = time.perf_counter()
+    for turn in range(1, turns + 1):
+        contexts = [torch.tensor(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]) for chat in conversations]
+        input_ids, attention_mask = left_pad(contexts, tokenizer.pad_token_id)
+        with torch.no_grad():
+            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, pad_token_id=tokenizer.pad_token_id,
+                                    eos_token_id=tokenizer.eos_token_id, **greedy_kwargs())
+        for index, row in enumerate(output[:, input_ids.shape[1]:].tolist()):
+            ids = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
+            ids = [token for token in ids if token != tokenizer.pad_token_id or token == tokenizer.eos_token_id]
+            replies[index].append(ids)
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            conversations[index].append({"role": "assistant", "content": text})
+            if turn < turns:
+                conversations[index].append({"role": "user", "content": follow_up(turn)})
+    return _result(time.perf_counter() - started, replies)
+
+
+def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
+    """TextEnvironment, every turn ending at the tool call the env answers (the end check is overridden to
+    keep episodes going for all turns, as the gym env does)."""
+    from textenv import TextEnvironment
+
+    class EveryTurnEnvironment(TextEnvironment):
+        def task_end_check(self, history, model_turn=True):
+            return False, False
+
+    prompt = SYSTEM + "\n\n"
+    env = EveryTurnEnvironment(model, tokenizer, {"Note": lambda query: follow_up(1)}, None, prompt, max_turns=turns,
+                               generation_kwargs=greedy_kwargs(), batch_size=episodes)
+    started = time.perf_counter()
+    *_, histories = env.run([question(index) for index in range(episodes)])
+    seconds = time.perf_counter() - started
+    return _result(seconds, [[segment.tolist() for segment in _model_segments(history)] for history in histories])
+
+
+def _model_segments(history) -> list[torch.Tensor]:
+    if history is None:
+        return []
+    return [history.tokens[start:end] for (start, end), system in zip(history.token_spans, history.system_spans) if not system]
+
+
+def _result(seconds: float, replies: list[list[list[int]]]) -> dict:
+    tokens = sum(len(reply) for episode in replies for reply in episode)
+    return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_second": tokens / seconds,
+            "turns": sum(len(episode) for episode in replies), "replies": replies, "peak_rss_mb": workload.peak_rss_mb()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env"])
+    parser.add_argument("--model-path", default=None, help="default: the bundled model")
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.model_path is None:
+        from textenv.models import bundled_model_path
+
+        args.model_path = str(bundled_model_path())
+    model, tokenizer = load(args.model_path)
+    runner = {"scheduler": run_scheduler, "naive": run_naive, "text-env": run_text_env}[args.mode]
+    runner(model, tokenizer, 2, 1)  # warm-up
+    workload.emit(runner(model, tokenizer, args.episodes, args.turns))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""One gym episode as the episode driver plays it.
+
+For a dataset row: a fresh env and context manager; `reset` gives the system and first user message; each
+turn the context manager picks the messages, the model replies (through the chat template, keeping its
+exact token ids), `env.step` sees the conversation, and its observation becomes the next user message
+unless the episode is over. Episodes end on `done`, `max_turns` (no observation is appended after the
+last turn: the ms-swift G1 bug), `max_length`, or an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+
+from textenv.environment.syntax import CONTROL_TAGS
+from textenv.episodes.driver import FINISH_ERROR, MAX_TURNS, Episode, EpisodeFailure, StopRule, Timeouts
+from textenv.gym.env import ContextManager, Env
+from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
+from textenv.gym.registry import resolve_context_manager, resolve_env
+from textenv.gym.rows import make_request
+from textenv.gym.transcript import Transcript
+from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
+
+
+class GymPlay(Episode):
+    """A dataset row's episode: its env, context manager and transcript, and the `GymEpisode` it yields.
+
+    Args:
+        scheduler (`GymScheduler`): the run's settings (renderer, limits, stop strings, timeouts, stats).
+        index (`int`): the row's index.
+        row (`Mapping`): the dataset row.
+        step (`int`): the training step, recorded in the episode.
+        timeouts (`Timeouts`): the run's timed env calls.
+    """
+
+    stop_rules = (StopRule(FINISH_DONE, lambda play: play.done), MAX_TURNS)
+
+    def __init__(self, scheduler, index: int, row: Mapping[str, Any], step: int, timeouts: Timeouts):
+        super().__init__()
+        self.scheduler = scheduler
+        self.row = row
+        self.timeouts = timeouts
+        self.result = GymEpisode(row_index=index, step=step)
+        self.max_turns = scheduler.max_turns
+        self.max_length = scheduler.max_length
+        self.generation_kwargs = scheduler.generation_kwargs
+        self.env: Optional[Env] = None
+        self.manager: Optional[ContextManager] = None
+        self.transcript: Optional[Transcript] = None
+        self.observation: Optional[str] = None
+        self.done = False
+
+    async def reset(self) -> None:
+        request = self._checked("config", lambda: make_request(self.row))
+        self.result.trajectory_id = request.uuid
+        env_config = dict(request.data_dict.get("env_config") or {})
+        ctx_config = dict(request.data_dict.get("ctx_config") or {})
+        self.result.env_name = env_config.get("name", self.scheduler.gym_env)
+        env_class = self._checked("config", lambda: resolve_env(env_config, self.scheduler.gym_env))
+        self.manager = self._checked("config", lambda: resolve_context_manager(ctx_config, self.scheduler.context_manager)(ctx_config))
+        self.env = self._checked("config", lambda: env_class(env_config))
+        self.scheduler.stats.envs_created += 1
+        self.result.closed = False
+        reset = await self._env_call("reset", lambda: self.env.reset(request))
+        observation, info, system = self._checked("reset", lambda: check_reset_result(reset, type(self.env).__name__))
+        self.result.trajectory_infos.append(info)
+        renderer = self.scheduler.renderer
+        opening = [{"role": "system", "content": renderer.neutralize(system)}] if system else []
+        opening.append({"role": "user", "content": self._observation_text(observation)})
+        self.transcript = self._checked("reset", lambda: Transcript(renderer, opening))
+        self.stop_strings = tuple(dict.fromkeys([*self.scheduler.stop_strings, *getattr(self.env, "stop_strings", ())]))
+
+    def context(self) -> torch.Tensor:
+        if self.observation is not None:
+            self.transcript.add_message({"role": "user", "content": self._observation_text(self.observation)})
+            self.observation = None
+        managed = self.manager.manage_context(self.transcript.messages, self.result.trajectory_id)
+        self.transcript.apply_context(check_managed_messages(managed, type(self.manager).__name__))
+        ids, self.prompt = self.transcript.generation_context()
+        return ids
+
+    async def react(self, completion) -> None:
+        self.result.num_turns = self.turns
+        self.result.turn_finish_reasons.append(completion.finish_reason)
+        self._checked("generate", lambda: self.transcript.add_reply(completion, self.prompt), self.turns)
+        outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages), self.turns)
+        observation, reward, done, info = self._checked("step", lambda: check_step_result(outcome, type(self.env).__name__), self.turns)
+        self.result.step_rewards.append(reward)
+        self.result.total_reward += reward
+        self.result.trajectory_infos.append(info)
+        self.done = done
+        self.observation = None if done else observation
+
+    async def close(self) -> None:
+        if self.env is None:
+            return
+        try:
+            await self._env_call("close", self.env.close)
+        finally:
+            self.result.closed = True
+            self.scheduler.stats.envs_closed += 1
+
+    # ------------------------------------------------------------------ the result
+    def finish(self) -> GymEpisode:
+        """The `GymEpisode`: errors, finish reason, messages, the trainable history, rewards."""
+        episode = self.result
+        episode.errors = [error_record(failure.stage, failure.error, failure.turn) for failure in self.failures]
+        episode.finish_reason = self.finish_reason or FINISH_ERROR
+        prompt = ""
+        if self.transcript is not None:
+            try:
+                episode.messages = self.transcript.messages
+                episode.history = self.transcript.to_history(self.scheduler.loss_scale)
+                before_reply = episode.messages[:-1] if episode.completion else episode.messages
+                prompt = self.scheduler.renderer.render(before_reply)
+            except Exception as error:  # noqa: BLE001 - never lose the episode's log line
+                episode.errors.append(error_record("history", error, episode.num_turns))
+                episode.finish_reason = FINISH_ERROR
+        if episode.history is not None:
+            episode.history.reward = episode.total_reward
+            episode.history.info = episode.rollout_infos()
+            episode.history.complete(truncated=episode.finish_reason in (FINISH_MAX_TURNS, FINISH_MAX_LENGTH))
+        episode.prompt = prompt
+        return episode
+
+    # ------------------------------------------------------------------ helpers
+    def _observation_text(self, observation: str) -> str:
+        return self.scheduler.renderer.neutralize(observation, CONTROL_TAGS)
+
+    @staticmethod
+    def _checked(stage: str, function: Callable[[], Any], turn: Optional[int] = None) -> Any:
+        try:
+            return function()
+        except Exception as error:  # noqa: BLE001 - env/user code errors end this episode only
+            raise EpisodeFailure(stage, error, turn) from error
+
+    async def _env_call(self, stage: str, call: Callable[[], Any], turn: Optional[int] = None) -> Any:
+        """Call an env method (async, or plain for lenience) with the scheduler's timeout."""
+        try:
+            return await self.timeouts.call(stage, call, self.scheduler.step_timeout)
+        except Exception as error:  # noqa: BLE001
+            raise EpisodeFailure(stage, error, turn) from error
+
+
+def completion_record(episode: GymEpisode) -> Dict[str, Any]:
+    """The `completions.jsonl` line of an episode."""
+    return {
+        "step": episode.step,
+        "prompt": episode.prompt,
+        "completion": episode.completion,
+        "messages": episode.messages,
+        "total_reward": episode.total_reward,
+        "step_rewards": episode.step_rewards,
+        "num_turns": episode.num_turns,
+        "trajectory_id": episode.trajectory_id,
+        "trajectory_infos": episode.trajectory_infos,
+        "finish_reason": episode.finish_reason,
+        "error": episode.error,
+        "errors": episode.errors,
+        "env": episode.env_name,
+        "row_index": episode.row_index,
+    }
