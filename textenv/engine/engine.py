@@ -178,7 +178,10 @@ class GenerationEngine:
     def end_episode(self, episode: Hashable) -> None:
         """The episode will ask for no more turns: its cached KV can go."""
         with self._lock:
-            self._ended.append(episode)
+            if self._worker is None:
+                self.prefix_cache.release(episode)
+            else:  # the decoding thread owns the cache while it runs
+                self._ended.append(episode)
 
     # ------------------------------------------------------------------------------ serving
     def _request(self, context, stop_strings, generation_kwargs, done, owner, stop_at_eos: bool):
