@@ -20,14 +20,15 @@ import argparse
 import dataclasses
 import time
 
-from textenv import training
+from textenv import options, training
+from textenv.reporting import peak_memory_mb
 from textenv.tasks import calculator as task
 
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = training.Settings(steps=4, eval_tasks=50)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    training.add_training_arguments(parser, defaults, mini_batch_size=defaults.mini_batch_size)
+    options.add_training_arguments(parser, defaults, mini_batch_size=defaults.mini_batch_size)
     parser.add_argument("--adap-kl-ctrl", action=argparse.BooleanOptionalAction, default=defaults.adap_kl_ctrl, help="adaptive KL coefficient (default: %(default)s)")
     parser.add_argument("--generation-batch-size", type=int, default=defaults.generation_batch_size, help="episodes generated together (default: %(default)s)")
     parser.add_argument("--eval-tasks", type=int, default=defaults.eval_tasks, help="held-out tasks evaluated (sampled) after training, 0 = none (default: %(default)s)")
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> training.Settings:
     """The shared options' `Settings` plus this example's own (KL control, generation batch, evaluation)."""
     return dataclasses.replace(
-        training.settings_from_args(args),
+        options.settings_from_args(args),
         adap_kl_ctrl=args.adap_kl_ctrl,
         generation_batch_size=args.generation_batch_size,
         eval_tasks=args.eval_tasks,
@@ -50,13 +51,14 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
-    model, tokenizer = training.load_policy(settings)
-    env = training.build_environment(model, tokenizer, settings)
+    model, tokenizer = training.build_policy(settings)
+    env = training.build_calculator_environment(model, tokenizer, settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings, log_dir=args.log_dir)
     eval_queries, eval_answers = task.generate_tasks(settings.eval_tasks, seed=settings.eval_seed)
-    task_batches = training.training_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
+    task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
 
-    logs = training.train(ppo_trainer, env, task_batches, settings.steps, progress=not args.no_progress)
+    episodes = training.TextEnvironmentSource(env, task_batches)
+    logs = training.train(ppo_trainer, episodes, settings.steps, progress=not args.no_progress)
     ppo_trainer.accelerator.end_training()
 
     summary = {
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
     summary["seconds"] = time.perf_counter() - started
-    summary["peak_memory_mb"] = training.peak_memory_mb()
+    summary["peak_memory_mb"] = peak_memory_mb()
     print_summary(summary, args)
     return summary
 

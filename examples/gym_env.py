@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import warnings
 from pathlib import Path
 
 import torch
 
-from textenv.gym import GymScheduler, load_plugins, ppo_batch, read_completions
-from textenv.models import load_bundled_model
-from textenv.ppo import PPOConfig, PPOTrainer
+from textenv.gym import GymScheduler, GymSource, load_plugins, read_completions
+from textenv.training import Settings, StepLog, build_policy, build_trainer, train
 
 PLUGIN = Path(__file__).with_name("gym_plugin.py")
 WORDS = ["apple", "river", "green", "seven", "house", "music", "cloud", "tiger"]
@@ -49,11 +47,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
 
     load_plugins(PLUGIN)  # registers "capitals" and "last_turn_only"
-    model, tokenizer = load_bundled_model(value_head=True)
-    config = PPOConfig(batch_size=episodes_per_step, mini_batch_size=episodes_per_step, ppo_epochs=1, learning_rate=1e-5, seed=args.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "no dataset": episodes come from the gym
-        trainer = PPOTrainer(config, model, tokenizer=tokenizer)
+    settings = Settings(
+        model="bundled", seed=args.seed, steps=args.steps, batch_size=episodes_per_step, mini_batch_size=episodes_per_step,
+        ppo_epochs=1, learning_rate=1e-5, init_kl_coef=0.2, lora=False, value_head_init_std=0.0,
+    )
+    model, tokenizer = build_policy(settings)
+    trainer = build_trainer(model, tokenizer, settings, name="gym_env")
     scheduler = GymScheduler(
         trainer.model,
         tokenizer,
@@ -64,24 +63,24 @@ def main(argv: list[str] | None = None) -> dict:
     )
     completions = Path(args.output) / "completions.jsonl"
     completions.unlink(missing_ok=True)
-    rows = dataset_rows(episodes_per_step)
+    episodes = GymSource(scheduler, dataset_rows(episodes_per_step), episodes_per_step, completions_path=completions)
     result = {}
-    for step in range(args.steps):
-        episodes = scheduler.run(rows, step=step, completions_path=completions)
-        for episode in episodes:
+
+    def report(log: StepLog) -> None:
+        for episode in log.batch.episodes:
             replies = [m["content"] for m in episode.messages if m["role"] == "assistant"]
-            print(f"[step {step}] {episode.env_name} word={episode.trajectory_infos[0]['word']!r} turns={episode.num_turns} "
+            print(f"[step {log.step}] {episode.env_name} word={episode.trajectory_infos[0]['word']!r} turns={episode.num_turns} "
                   f"reward={episode.total_reward:.1f} finish={episode.finish_reason} replies={replies}")
-        queries, responses, scores, masks = ppo_batch(episodes)
-        stats = trainer.step(queries, responses, scores, masks)
-        result = {
-            "step": step,
-            "reward_mean": float(torch.stack(scores).mean()),
-            "trained_tokens": int(sum(int(mask.sum()) for mask in masks)),
-            "kl": float(stats["objective/kl"]),
-            "loss": float(stats["ppo/loss/total"]),
-        }
-        print(f"[step {step}] PPO: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+        result.update(
+            step=log.step,
+            reward_mean=log.reward_mean,
+            trained_tokens=int(sum(int(mask.sum()) for mask in log.batch.masks)),
+            kl=log.kl,
+            loss=float(log.stats["ppo/loss/total"]),
+        )
+        print(f"[step {log.step}] PPO: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+
+    train(trainer, episodes, settings.steps, on_step=report, progress=False)
     records = read_completions(completions)
     print(f"{completions}: {len(records)} lines; first trajectory_infos: {records[0]['trajectory_infos']}")
     return {**result, "completions": str(completions), "lines": len(records)}

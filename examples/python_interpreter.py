@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from textenv import TextEnvironment, training
+from textenv import TextEnvironment, options, reporting, training
 from textenv.tasks import word_problems as task
 from textenv.tools import PythonInterpreter
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options; the defaults make a CPU-sized run of the bundled model."""
     defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=80, max_turns=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    training.add_training_arguments(parser, defaults)
+    options.add_training_arguments(parser, defaults)
     parser.add_argument("--tool-timeout", type=float, default=5.0, help="seconds a program may run in the sandbox (default: %(default)s)")
     parser.add_argument("--eval-tasks", type=int, default=8, help="held-out problems solved greedily after training, 0 = none (default: %(default)s)")
     parser.add_argument("--show", type=int, default=2, help="evaluation episodes to print with show_text (default: %(default)s)")
@@ -82,29 +82,29 @@ def main(argv: list[str] | None = None) -> dict:
         evaluated) and wall time in seconds.
     """
     args = build_parser().parse_args(argv)
-    settings = training.settings_from_args(args)
+    settings = options.settings_from_args(args)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
-    model, tokenizer = training.load_policy(settings)
+    model, tokenizer = training.build_policy(settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="python_interpreter")
     env = build_environment(model, tokenizer, settings, args.tool_timeout)
     eval_queries, eval_answers = task.generate_tasks(args.eval_tasks, seed=EVAL_SEED)
     batches = task_batches(settings.batch_size, settings.seed, exclude=set(eval_queries))
 
-    logs = training.train(ppo_trainer, env, batches, settings.steps, progress=not args.no_progress)
+    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.steps, progress=not args.no_progress)
     ppo_trainer.accelerator.end_training()
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
-    summary = training.summarise(logs)
+    summary = reporting.summarise(logs)
     if args.eval_tasks > 0:
         evaluation = training.evaluate(env, eval_queries, eval_answers, sample=False)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    training.print_summary("python_interpreter", summary, args, "held-out problems", Path(args.log_dir) / "python_interpreter")
+    reporting.print_summary("python_interpreter", summary, args, "held-out problems", Path(args.log_dir) / "python_interpreter")
     return summary
 
 

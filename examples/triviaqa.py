@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from textenv import TextEnvironment, training
+from textenv import TextEnvironment, options, reporting, training
 from textenv.tasks import triviaqa as task
 from textenv.tools import WikiSearch
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options; the defaults make a CPU-sized run of the bundled model."""
     defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    training.add_training_arguments(parser, defaults)
+    options.add_training_arguments(parser, defaults)
     parser.add_argument("--corpus", type=Path, default=DATA_DIR / "fictional_wiki.jsonl", help="documents to search, one {title, text} per line (default: the shipped corpus)")
     parser.add_argument("--questions", type=Path, default=DATA_DIR / "fictional_wiki_questions.jsonl", help="one {question, answers, title} per line (default: the shipped questions)")
     parser.add_argument("--eval-tasks", type=int, default=8, help="held-out questions answered greedily after training, 0 = none (default: %(default)s)")
@@ -89,29 +89,29 @@ def main(argv: list[str] | None = None) -> dict:
         evaluated) and wall time in seconds.
     """
     args = build_parser().parse_args(argv)
-    settings = training.settings_from_args(args)
+    settings = options.settings_from_args(args)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
-    model, tokenizer = training.load_policy(settings)
+    model, tokenizer = training.build_policy(settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="triviaqa")
     env = build_environment(model, tokenizer, settings, args.corpus)
     train_questions, held_out = task.split_questions(task.load_questions(args.questions))
     batches = task_batches(train_questions, settings.batch_size, settings.seed)
 
-    logs = training.train(ppo_trainer, env, batches, settings.steps, progress=not args.no_progress)
+    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.steps, progress=not args.no_progress)
     ppo_trainer.accelerator.end_training()
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
-    summary = training.summarise(logs)
+    summary = reporting.summarise(logs)
     if args.eval_tasks > 0:
         evaluation = evaluate_held_out(env, held_out, args.eval_tasks, settings.seed)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    training.print_summary("triviaqa", summary, args, "questions never trained on", Path(args.log_dir) / "triviaqa")
+    reporting.print_summary("triviaqa", summary, args, "questions never trained on", Path(args.log_dir) / "triviaqa")
     return summary
 
 

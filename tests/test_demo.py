@@ -45,7 +45,7 @@ def test_demo_evaluates_100_held_out_tasks():
 
 def test_training_tasks_never_repeat_held_out_tasks():
     held_out, _ = task.generate_tasks(2000, seed=1234)  # about a quarter of all 7500 tasks
-    batches = training.training_task_batches(64, seed=0, exclude=held_out)
+    batches = training.calculator_task_batches(64, seed=0, exclude=held_out)
     seen = set()
     for _ in range(20):
         queries, answers = next(batches)
@@ -56,24 +56,24 @@ def test_training_tasks_never_repeat_held_out_tasks():
 
 
 def test_training_task_answers_match_the_questions():
-    queries, answers = next(training.training_task_batches(50, seed=3))
+    queries, answers = next(training.calculator_task_batches(50, seed=3))
     for query, answer in zip(queries, answers):
         expression = re.search(r"What is (\d+[-+*]\d+)\?", query).group(1)
         assert eval(expression) == answer  # noqa: S307 - digits and one operator, from the regex
 
 
 def test_training_task_batches_are_reproducible():
-    first = next(training.training_task_batches(8, seed=5))
-    again = next(training.training_task_batches(8, seed=5))
-    other = next(training.training_task_batches(8, seed=6))
+    first = next(training.calculator_task_batches(8, seed=5))
+    again = next(training.calculator_task_batches(8, seed=5))
+    other = next(training.calculator_task_batches(8, seed=6))
     assert first == again
     assert first != other
 
 
 def test_evaluate_switches_decoding_and_restores_the_environment(tokenizer):
     settings = replace(demo.QUICK_SETTINGS, model="tiny", max_new_tokens=4, max_turns=1)
-    model, _ = training.load_policy(settings)
-    env = training.build_environment(model, tokenizer, settings)
+    model, _ = training.build_policy(settings)
+    env = training.build_calculator_environment(model, tokenizer, settings)
     original = dict(env.generation_kwargs)
     queries, answers = task.generate_tasks(2, seed=0)
 
@@ -104,18 +104,20 @@ def test_lora_config_adapts_only_the_top_layers():
 
 @pytest.mark.parametrize("window, expected", [(1, [1.0, 0.0, 1.0]), (2, [1.0, 0.5, 0.5]), (3, [1.0, 0.5, 2 / 3])])
 def test_moving_average(window, expected):
-    assert training.moving_average([1.0, 0.0, 1.0], window) == pytest.approx(expected)
+    assert demo.moving_average([1.0, 0.0, 1.0], window) == pytest.approx(expected)
 
 
 class _StubModel:
+    def __init__(self):
+        self.eval_calls = 0
+
     def eval(self):
+        self.eval_calls += 1
         return self
 
 
 class _StubEnv:
     """Plays every episode as one prompt token and one response token with reward 1."""
-
-    model = _StubModel()
 
     def run(self, queries, answers):
         import torch
@@ -129,6 +131,7 @@ class _StubEnv:
 
 class _StubTrainer:
     def __init__(self):
+        self.model = _StubModel()
         self.steps = 0
         self.logged = []
 
@@ -140,12 +143,16 @@ class _StubTrainer:
         self.logged.append((stats, batch["query"], [float(r) for r in rewards]))
 
 
+def _stub_episodes():
+    return training.TextEnvironmentSource(_StubEnv(), training.calculator_task_batches(3, seed=0))
+
+
 def test_train_runs_every_step_without_a_deadline():
     trainer = _StubTrainer()
-    logs = training.train(trainer, _StubEnv(), training.training_task_batches(3, seed=0), steps=4, progress=False)
+    logs = training.train(trainer, _stub_episodes(), steps=4, progress=False)
     assert [log.step for log in logs] == [0, 1, 2, 3]
-    assert trainer.steps == 4 and len(trainer.logged) == 4
-    assert all(log.reward_mean == 1.0 and log.kl == 0.5 for log in logs)
+    assert trainer.steps == 4 and len(trainer.logged) == 4 and trainer.model.eval_calls == 4
+    assert all(log.reward_mean == 1.0 and log.kl == 0.5 and log.kl_coef == 0.1 for log in logs)
     assert trainer.logged[0][2] == [1.0, 1.0, 1.0]
 
 
@@ -153,7 +160,5 @@ def test_train_stops_at_the_deadline_after_at_least_one_step():
     import time
 
     trainer = _StubTrainer()
-    logs = training.train(
-        trainer, _StubEnv(), training.training_task_batches(3, seed=0), steps=4, progress=False, deadline=time.perf_counter()
-    )
+    logs = training.train(trainer, _stub_episodes(), steps=4, progress=False, deadline=time.perf_counter())
     assert len(logs) == 1 and trainer.steps == 1

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from textenv.gym import GymScheduler, load_plugins, ppo_batch, read_completions, train_on_gym
+from textenv.gym import GymScheduler, GymSource, load_plugins, ppo_batch, read_completions
 from textenv.engine.engine import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +49,7 @@ def test_tiny_model_turns_keep_engine_tokens_exactly(tokenizer, tiny_model):
 def test_tiny_model_ppo_step_on_gym_episodes(tokenizer, tmp_path):
     from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
     from textenv.testing import tiny_causal_lm
+    from textenv.training import train
 
     model = AutoModelForCausalLMWithValueHead(tiny_causal_lm(seed=1))
     with warnings.catch_warnings():
@@ -58,8 +59,8 @@ def test_tiny_model_ppo_step_on_gym_episodes(tokenizer, tmp_path):
                          generation_kwargs={"max_new_tokens": 4, "do_sample": True})
     before = [p.detach().clone() for p in model.parameters()]
     log = tmp_path / "completions.jsonl"
-    stats = train_on_gym(trainer, sched, MATH_ROWS, steps=2, completions_path=log)
-    assert len(stats) == 2 and "ppo/loss/total" in stats[0] and "objective/kl" in stats[0]
+    logs = train(trainer, GymSource(sched, MATH_ROWS, 2, completions_path=log), steps=2, progress=False)
+    assert len(logs) == 2 and "ppo/loss/total" in logs[0].stats and "objective/kl" in logs[0].stats
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert [r["step"] for r in read_completions(log)] == [0, 0, 1, 1]
 

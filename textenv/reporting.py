@@ -1,0 +1,55 @@
+"""What the demo and the example scripts print after training: run summaries and peak memory."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+from pathlib import Path
+from typing import Sequence
+
+from textenv.training import StepLog
+
+
+def summarise(logs: Sequence[StepLog]) -> dict:
+    """Mean reward over the first and the last tenth of the steps (at least one step each) and the final KL.
+
+    Returns:
+        `{"steps", "window", "first_reward", "last_reward", "final_kl"}`.
+    """
+    window = max(1, len(logs) // 10)
+    rewards = [log.reward_mean for log in logs]
+    return {
+        "steps": len(logs),
+        "window": window,
+        "first_reward": sum(rewards[:window]) / window,
+        "last_reward": sum(rewards[-window:]) / window,
+        "final_kl": logs[-1].kl,
+    }
+
+
+def print_summary(name: str, summary: dict, args: argparse.Namespace, held_out: str, log_dir: str | Path) -> None:
+    """Print an example run's summary (what the smoke tests check).
+
+    Args:
+        name (`str`): the example's name, shown in the header.
+        summary (`dict`): from `summarise`, plus `seconds` and optionally `held_out_accuracy`.
+        args (`argparse.Namespace`): the example's parsed arguments (`batch_size`, `model`, `lora`, `lr`,
+            `eval_tasks`, `save_dir`).
+        held_out (`str`): what the held-out tasks are, e.g. `"held-out problems"`.
+        log_dir (`str` or `Path`): where the tensorboard logs went.
+    """
+    print(f"\n=== {name} PPO summary ===")
+    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    print(
+        f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
+        f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
+    )
+    if "held_out_accuracy" in summary:
+        print(f"held-out accuracy (greedy, {args.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
+    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {peak_memory_mb():.0f} MiB")
+    print(f"tensorboard logs: {log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
+
+
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux `ru_maxrss` is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

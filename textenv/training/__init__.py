@@ -1,0 +1,41 @@
+"""Training a policy with PPO on episodes, the same way for every front end.
+
+- `loop`: `train(trainer, episodes, steps, on_step=...)`, the one loop, and its `StepLog`;
+- `sources`: `EpisodeBatch`, the `EpisodeSource` protocol and `TextEnvironmentSource` (the Gym front end's
+  source is `textenv.gym.training.GymSource`);
+- `policy`: `load_policy`, the one policy loader, and `lora_config`;
+- `settings`: `Settings` and the policy, trainer and seeds they give;
+- `evaluation`: `evaluate` a policy on fixed tasks, sampled or greedy;
+- `calculator`: the calculator job's environment and training tasks.
+"""
+
+from textenv.training.calculator import build_calculator_environment, calculator_task_batches
+from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode
+from textenv.training.loop import StepLog, train
+from textenv.training.policy import LORA_TARGET_MODULES, TINY_MODEL, load_policy, lora_config
+from textenv.training.settings import Settings, build_policy, build_trainer, seed_everything
+from textenv.training.sources import EpisodeBatch, EpisodeSource, TextEnvironmentSource, split_text
+
+__all__ = [
+    "GREEDY_KWARGS",
+    "LORA_TARGET_MODULES",
+    "SAMPLING_KWARGS",
+    "TINY_MODEL",
+    "EpisodeBatch",
+    "EpisodeSource",
+    "Evaluation",
+    "Settings",
+    "StepLog",
+    "TextEnvironmentSource",
+    "build_calculator_environment",
+    "build_policy",
+    "build_trainer",
+    "calculator_task_batches",
+    "evaluate",
+    "generation_mode",
+    "load_policy",
+    "lora_config",
+    "seed_everything",
+    "split_text",
+    "train",
+]

@@ -1,0 +1,98 @@
+"""The one policy loader of the demo, the CLI and the examples: a model by name, on a device, with an
+optional value head, LoRA adapters and value-head initialisation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TINY_MODEL = "tiny"
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_config(rank: int, layers: int, num_hidden_layers: int):
+    """A peft `LoraConfig` on the attention and MLP projections of the top `layers` decoder layers.
+
+    Args:
+        rank (`int`): LoRA rank `r`; `lora_alpha` is `2 * rank`.
+        layers (`int`): adapt only the top `layers` decoder layers; 0 (or at least `num_hidden_layers`)
+            adapts all of them.
+        num_hidden_layers (`int`): the model's decoder layers.
+
+    Returns:
+        A `peft.LoraConfig` for a causal LM.
+    """
+    from peft import LoraConfig
+
+    layers_to_transform = None
+    if 0 < layers < num_hidden_layers:
+        layers_to_transform = list(range(num_hidden_layers - layers, num_hidden_layers))
+    return LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGET_MODULES),
+        layers_to_transform=layers_to_transform,
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(
+    model: str = "bundled",
+    *,
+    device: str = "cpu",
+    value_head: bool = True,
+    lora_rank: int = 0,
+    lora_layers: int = 0,
+    value_head_init_std: float = 0.0,
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """Load the policy to train or to run, in eval mode, and its tokenizer.
+
+    A folder holding a value head (saved by `PPOTrainer.save_pretrained`) gets its value head back.
+
+    Args:
+        model (`str`, defaults to `"bundled"`): `"bundled"` (SmolLM2-135M-Instruct), `"tiny"` (a random tiny
+            model with the bundled tokenizer, for smoke runs) or a local folder / hub id of a causal LM.
+        device (`str`, defaults to `"cpu"`): torch device of the policy; the weights, adapters and value
+            head are created on the CPU first, so a seed gives the same start on every device.
+        value_head (`bool`, defaults to `True`): wrap the model in `AutoModelForCausalLMWithValueHead` for PPO;
+            `False` returns the plain causal LM (for running episodes only).
+        lora_rank (`int`, defaults to 0): train LoRA adapters of this rank instead of all weights; 0 = no LoRA.
+            Needs `value_head`.
+        lora_layers (`int`, defaults to 0): put the adapters on the top `lora_layers` decoder layers only
+            (0 = all layers); see `lora_config`.
+        value_head_init_std (`float`, defaults to 0): start a new value head with weights ~ N(0, this) and
+            bias 0; 0 keeps PyTorch's default initialisation.
+        seed (`int`, defaults to 0): the weights of the tiny model.
+
+    Returns:
+        `(model, tokenizer)`.
+
+    Raises:
+        ValueError: `lora_rank` without `value_head`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from textenv.models import load_tokenizer, resolve_model_path, tiny_causal_lm
+
+    if lora_rank and not value_head:
+        raise ValueError("LoRA adapters are trained with PPO: lora_rank needs value_head=True.")
+    if model == TINY_MODEL:
+        source, tokenizer = tiny_causal_lm(seed=seed), load_tokenizer()
+    else:
+        source = resolve_model_path(model)
+        tokenizer = load_tokenizer(source)
+    if not value_head:
+        policy = AutoModelForCausalLM.from_pretrained(source) if isinstance(source, str) else source
+        return policy.to(device).eval(), tokenizer
+
+    from textenv.ppo import AutoModelForCausalLMWithValueHead
+
+    options: dict[str, Any] = {}
+    if lora_rank:
+        config = AutoConfig.from_pretrained(source) if isinstance(source, str) else source.config
+        options["peft_config"] = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
+    if value_head_init_std > 0:
+        options.update(v_head_init_strategy="normal", v_head_initializer_range=value_head_init_std)
+    policy = AutoModelForCausalLMWithValueHead.from_pretrained(source, **options)
+    return policy.to(device).eval(), tokenizer

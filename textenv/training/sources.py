@@ -1,0 +1,85 @@
+"""Where the training loop's episodes come from.
+
+An episode source plays one PPO step's episodes with the policy and hands them over as an `EpisodeBatch`:
+exactly what `PPOTrainer.step` takes, plus the texts `log_stats` logs and the episodes themselves.
+`TextEnvironmentSource` plays task batches with a `TextEnvironment`; the Gym front end's source is
+`textenv.gym.training.GymSource`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import torch
+
+from textenv.environment import TextEnvironment, TextHistory
+
+
+@dataclass
+class EpisodeBatch:
+    """One PPO step's episodes.
+
+    Attributes:
+        queries (`list[torch.Tensor]`): query token ids (prompt and task), one per episode.
+        responses (`list[torch.Tensor]`): response token ids (model and tool tokens interleaved).
+        scores (`list[torch.Tensor]`): one scalar reward per episode.
+        masks (`list[torch.Tensor]`): 1 where the model wrote the response token, 0 for tool/env tokens.
+        query_texts (`list[str]`): the queries as text, for `PPOTrainer.log_stats`.
+        response_texts (`list[str]`): the responses as text, for `PPOTrainer.log_stats`.
+        episodes (`list`): the episodes (`TextHistory`s, or `GymEpisode`s from the Gym front end).
+    """
+
+    queries: list[torch.Tensor]
+    responses: list[torch.Tensor]
+    scores: list[torch.Tensor]
+    masks: list[torch.Tensor]
+    query_texts: list[str]
+    response_texts: list[str]
+    episodes: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def reward_mean(self) -> float:
+        """Mean score of the batch."""
+        return sum(float(score) for score in self.scores) / len(self.scores)
+
+
+class EpisodeSource(Protocol):
+    """Anything that plays one PPO step's episodes: ``collect(step) -> EpisodeBatch``."""
+
+    def collect(self, step: int) -> EpisodeBatch:
+        """Play the episodes of PPO step `step` (0-based)."""
+        ...
+
+
+def split_text(history: TextHistory) -> tuple[str, str]:
+    """`(query, response)` text of an episode: its first segment (prompt and task) and everything after."""
+    end = history.text_spans[0][1]
+    return history.text[:end], history.text[end:]
+
+
+class TextEnvironmentSource:
+    """Episodes from a `TextEnvironment`, one per task of each batch.
+
+    Args:
+        env (`TextEnvironment`): plays and scores the episodes; its reward function takes `answers=`.
+        task_batches (`Iterator[tuple[list[str], Sequence]]`): yields `(queries, answers)` for every step.
+    """
+
+    def __init__(self, env: TextEnvironment, task_batches: Iterator[tuple[list[str], Sequence[Any]]]):
+        self.env = env
+        self.task_batches = task_batches
+
+    def collect(self, step: int) -> EpisodeBatch:
+        """Run the next batch of tasks through the environment; the score is the episode's reward."""
+        queries, answers = next(self.task_batches)
+        query_tokens, responses, masks, rewards, histories = self.env.run(queries, answers=answers)
+        return EpisodeBatch(
+            queries=query_tokens,
+            responses=responses,
+            scores=[torch.tensor(float(reward)) for reward in rewards],
+            masks=masks,
+            query_texts=list(queries),
+            response_texts=[split_text(history)[1] for history in histories],
+            episodes=histories,
+        )
