@@ -3,6 +3,7 @@ failures, `close` always, lazy concurrency; Gym episodes on the generation engin
 turns; TextEnvironment's explicit turn orders; the shared tag reaction."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -145,6 +146,9 @@ def test_gym_episodes_keep_their_kv_across_turns(tokenizer, tiny_model, monkeypa
     retry = len(tokenizer(sched.renderer.message_text(episodes[0].messages[:3], episodes[0].messages[3]), add_special_tokens=False).input_ids)
     for context_length, new_tokens in second_turns:
         assert new_tokens < retry + 10 < context_length  # the delta, not the conversation
+    deadline = time.monotonic() + 10
+    while sched._engine._worker is not None and time.monotonic() < deadline:  # ended episodes are released
+        time.sleep(0.01)  # by the decoding thread before it stops
     assert not [entry for entry in sched._engine.prefix_cache.entries if entry.owner is not None and entry.owner != "<shared prefix>"]
 
 

@@ -69,14 +69,19 @@ def supports_fast_decoding(model: torch.nn.Module) -> bool:
 
 @dataclass
 class _Batch:
-    """The rows being decoded: their requests, KV cache, attention mask over the cache (0 on padding),
-    the position of the next token each row feeds, and the logits for its next choice."""
+    """The rows being decoded: their requests (`None` for a finished row whose slot is not yet reclaimed),
+    KV cache, attention mask over the cache (0 on padding), the position of the next token each row feeds,
+    and the logits for its next choice."""
 
-    requests: list[DecodeRequest]
+    requests: list[DecodeRequest | None]
     cache: DynamicCache
     attention_mask: torch.Tensor
     positions: torch.Tensor
     logits: torch.Tensor
+
+    @property
+    def live(self) -> list[int]:
+        return [index for index, request in enumerate(self.requests) if request is not None]
 
     def select(self, keep: list[int]) -> None:
         index = torch.tensor(keep, device=self.attention_mask.device)
@@ -107,7 +112,7 @@ class ContinuousDecoder:
 
     @property
     def free_rows(self) -> int:
-        return self.max_rows - (len(self.batch.requests) if self.batch else 0)
+        return self.max_rows - (len(self.batch.live) if self.batch else 0)
 
     def wants_rows(self) -> bool:
         """Whether to admit waiting rows now: always into an empty batch, else once a quarter of the rows
@@ -120,48 +125,56 @@ class ContinuousDecoder:
             self.batch = self._merge(self.batch, self._prefill(requests))
 
     def step(self) -> None:
-        """Choose every row's next token, retire finished rows, feed the others one token."""
+        """Choose every row's next token, retire finished rows, feed the others one token.
+
+        A finished row's slot is reclaimed lazily: copying the batch's KV to drop one row costs about as
+        much as a decoding step, so finished rows are dropped together, when a quarter of the slots are
+        finished or when new rows are admitted (`_merge` copies the live rows only)."""
         batch = self.batch
-        tokens = self._next_tokens(batch)
-        keep = []
-        for position, (request, token) in enumerate(zip(batch.requests, tokens)):
-            request.token_ids.append(token)
-        for position, (request, reason) in enumerate(zip(batch.requests, self._finish_reasons(batch.requests))):
+        live = batch.live
+        tokens = self._next_tokens(batch, live)
+        for position, token in zip(live, tokens):
+            batch.requests[position].token_ids.append(token)
+        for position, reason in zip(live, self._finish_reasons([batch.requests[p] for p in live])):
+            request = batch.requests[position]
             if reason is None and len(request.token_ids) >= request.settings.max_new_tokens:
                 reason = FINISH_LENGTH
-            if reason is None:
-                keep.append(position)
-            else:
+            if reason is not None:
                 self._store(request, batch, position)
+                batch.requests[position] = None
                 request.done(request.token_ids, reason)
-        if not keep:
+        next_token = {id(batch.requests[position]): token for position, token in zip(live, tokens) if batch.requests[position] is not None}
+        live = batch.live
+        if not live:
             self.batch = None
             return
-        if len(keep) < len(batch.requests):
-            batch.select(keep)
-            tokens = [tokens[i] for i in keep]
-        input_ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
-        batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(keep), 1))], dim=1)
+        if len(batch.requests) - len(live) > max(1, len(batch.requests) // 4):
+            batch.select(live)
+        fed = [next_token[id(request)] if request is not None else self.pad_token_id for request in batch.requests]
+        input_ids = torch.tensor(fed, device=self.device).unsqueeze(1)
+        batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(batch.requests), 1))], dim=1)
         batch.logits = self._forward(input_ids, batch.attention_mask, batch.positions.unsqueeze(1), batch.cache)
         batch.positions = batch.positions + 1
 
     def fail(self, error: BaseException) -> None:
         """Report `error` to every row of the batch and drop the batch and every cached prefix."""
-        requests = self.batch.requests if self.batch else []
+        requests = [request for request in self.batch.requests if request is not None] if self.batch else []
         self.batch = None
         self.prefix_cache.clear()
         for request in requests:
             request.done(None, error)
 
     # ---------------------------------------------------------------------------------- choosing
-    def _next_tokens(self, batch: _Batch) -> list[int]:
-        """One token per row; rows with equal settings are chosen together."""
-        tokens: list[int] = [0] * len(batch.requests)
-        for settings, positions in _group_by(batch.requests, lambda request: request.settings):
-            index = torch.tensor(positions, device=batch.logits.device)
-            counts = [len(batch.requests[p].token_ids) for p in positions]
-            for position, token in zip(positions, settings.next_tokens(batch.logits[index], counts).tolist()):
-                tokens[position] = token
+    @staticmethod
+    def _next_tokens(batch: _Batch, live: list[int]) -> list[int]:
+        """One token per live row (in `live`'s order); rows with equal settings are chosen together."""
+        requests = [batch.requests[position] for position in live]
+        tokens: list[int] = [0] * len(live)
+        for settings, members in _group_by(requests, lambda request: request.settings):
+            index = torch.tensor([live[member] for member in members], device=batch.logits.device)
+            counts = [len(requests[member].token_ids) for member in members]
+            for member, token in zip(members, settings.next_tokens(batch.logits[index], counts).tolist()):
+                tokens[member] = token
         return tokens
 
     @staticmethod
@@ -189,16 +202,17 @@ class ContinuousDecoder:
         """One batch from the running rows and newly admitted ones (caches left-padded to one length)."""
         if batch is None:
             return new
+        live = torch.tensor(batch.live, device=self.device)  # finished rows are dropped in the same copy
         length = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
-        spare = _spare(batch.requests + new.requests)
-        cache = merged_cache(self.model.config, [batch.cache, new.cache], length, spare=spare)
-        attention_mask = torch.cat([_left_pad(batch.attention_mask, length), _left_pad(new.attention_mask, length)])
+        requests = [batch.requests[i] for i in batch.live] + new.requests
+        cache = merged_cache(self.model.config, [batch.cache, new.cache], length, spare=_spare(requests), rows=[live, None])
+        attention_mask = torch.cat([_left_pad(batch.attention_mask[live], length), _left_pad(new.attention_mask, length)])
         return _Batch(
-            requests=batch.requests + new.requests,
+            requests=requests,
             cache=cache,
             attention_mask=attention_mask,
-            positions=torch.cat([batch.positions, new.positions]),
-            logits=torch.cat([batch.logits, new.logits]),
+            positions=torch.cat([batch.positions[live], new.positions]),
+            logits=torch.cat([batch.logits[live], new.logits]),
         )
 
     def _cached_prefixes(self, requests: list[DecodeRequest]) -> list[CacheEntry | None]:

@@ -105,14 +105,19 @@ def growing_cache(config, spare: int) -> DynamicCache:
     return cache
 
 
-def merged_cache(config, caches: list[DynamicCache], length: int, spare: int) -> DynamicCache:
-    """One cache with the rows of ``caches`` in order, right-aligned to ``length``. Each source layer is
-    released as soon as it is copied, so the sources and the result do not all exist at once; the source
-    caches are empty afterwards."""
+def merged_cache(config, caches: list[DynamicCache], length: int, spare: int, rows: list[torch.Tensor | None] | None = None) -> DynamicCache:
+    """One cache with the rows of ``caches`` in order, right-aligned to ``length``; ``rows[i]`` (optional)
+    picks which rows of ``caches[i]`` to keep. Each source layer is released as soon as it is copied, so the
+    sources and the result do not all exist at once; the source caches are empty afterwards."""
+    rows = rows or [None] * len(caches)
     cache = growing_cache(config, spare)
     for index in range(len(cache.layers)):
         sources = [source.layers[index] for source in caches]
-        cache.layers[index] = GrowingLayer.from_rows([(layer.keys, layer.values) for layer in sources], length, spare)
+        blocks = [
+            (layer.keys, layer.values) if keep is None else (layer.keys[keep], layer.values[keep])
+            for layer, keep in zip(sources, rows)
+        ]
+        cache.layers[index] = GrowingLayer.from_rows(blocks, length, spare)
         for layer in sources:
             layer.reset()
     return cache
