@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
 
+from textenv.jsonl import iter_jsonl
+
 
 class CompletionsLog:
     """Append-only JSONL writer. Each line reaches the file in one `write` system call on an `O_APPEND`
@@ -67,17 +69,5 @@ def read_completions(path: Union[str, Path]) -> List[Dict[str, Any]]:
 
 
 def iter_completions(path: Union[str, Path]) -> Iterator[Dict[str, Any]]:
-    with open(path, encoding="utf-8") as file:
-        for line in file:
-            record = _parse(line)
-            if record is not None:
-                yield record
-
-
-def _parse(line: str) -> Optional[Dict[str, Any]]:
-    if not line.endswith("\n"):
-        return None
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None
+    """`read_completions`, one record at a time."""
+    return iter_jsonl(path, skip_torn_lines=True)

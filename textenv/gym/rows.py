@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Union
 
 from textenv.gym.env import RolloutInferRequest, new_trajectory_id
+from textenv.jsonl import iter_jsonl
 
 REQUEST_COLUMNS = ("messages", "images", "audios", "videos", "tools", "objects")
 
@@ -33,21 +34,9 @@ def load_rows(source: Union[str, Path, Iterable[Mapping[str, Any]]]) -> List[Dic
 
 
 def _read_file(path: Path) -> List[Dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        return load_rows(json.loads(text))
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg}).") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}.")
-        rows.append(row)
-    return rows
+        return load_rows(json.loads(path.read_text(encoding="utf-8")))
+    return list(iter_jsonl(path))
 
 
 def make_request(row: Mapping[str, Any]) -> RolloutInferRequest:

@@ -9,12 +9,13 @@ format, and each query closes the user turn and opens the assistant turn.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 import string
 from typing import Sequence
+
+from textenv.jsonl import iter_jsonl
 
 TOOL_NAME = "Wiki"
 
@@ -56,8 +57,7 @@ def format_query(question: str) -> str:
 def load_questions(path: str | os.PathLike) -> list[dict]:
     """Read the question file: one `{"question": str, "answers": [str, ...], "title": str}` per line.
     Questions about the articles `PROMPT` shows are left out: the prompt itself would answer them."""
-    with open(path, encoding="utf-8") as lines:
-        records = [json.loads(line) for line in lines if line.strip()]
+    records = list(iter_jsonl(path))
     shown_articles = set(PROMPT_SEARCHES.values())
     return [record for record in records if record["title"] not in shown_articles]
 
