@@ -22,6 +22,7 @@ import warnings
 import torch
 
 import workload
+from textenv.gym.builtin import MATH_RETRY_PROMPT, MATH_SYSTEM_PROMPT
 
 warnings.filterwarnings("ignore")
 
@@ -32,15 +33,31 @@ QUESTIONS = [
 ]
 FOLLOW_UPS = ["Tell me one more thing about it.", "Why is that?", "Say it in other words.", "Can you give an example?", "Thanks. Anything else?"]
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."
-MAX_NEW_TOKENS = 24
+DEFAULT_MAX_NEW_TOKENS = 32
+MAX_NEW_TOKENS = DEFAULT_MAX_NEW_TOKENS
+
+
+SCRIPTS = {
+    # A short system prompt and short follow-ups: the least context to re-encode, the worst case for textenv.
+    "chat": (SYSTEM, QUESTIONS, FOLLOW_UPS),
+    # ms-swift's math_env prompts (the R1 system prompt, its retry message after a wrong answer).
+    "math": (MATH_SYSTEM_PROMPT, [f"What is {a} * {b}? Show your reasoning." for a, b in ((17, 23), (48, 12), (91, 7), (36, 36))], [MATH_RETRY_PROMPT]),
+}
+SCRIPT = "chat"
+
+
+def system() -> str:
+    return SCRIPTS[SCRIPT][0]
 
 
 def question(index: int) -> str:
-    return f"{QUESTIONS[index % len(QUESTIONS)]} (question {index})"
+    questions = SCRIPTS[SCRIPT][1]
+    return f"{questions[index % len(questions)]} (question {index})"
 
 
 def follow_up(turn: int) -> str:
-    return FOLLOW_UPS[(turn - 1) % len(FOLLOW_UPS)]
+    follow_ups = SCRIPTS[SCRIPT][2]
+    return follow_ups[(turn - 1) % len(follow_ups)]
 
 
 def greedy_kwargs() -> dict:
@@ -64,7 +81,7 @@ def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
     class ChatEnv(Env):
         async def reset(self, config):
             self.turn = 0
-            return question(config.data_dict["index"]), {}, SYSTEM
+            return question(config.data_dict["index"]), {}, system()
 
         async def step(self, action):
             self.turn += 1
@@ -86,7 +103,7 @@ def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
 def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
     from textenv.padding import left_pad
 
-    conversations = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(index)}] for index in range(episodes)]
+    conversations = [[{"role": "system", "content": system()}, {"role": "user", "content": question(index)}] for index in range(episodes)]
     replies: list[list[list[int]]] = [[] for _ in range(episodes)]
     started = time.perf_counter()
     for turn in range(1, turns + 1):
@@ -107,19 +124,38 @@ def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
 
 
 def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
-    """TextEnvironment, every turn ending at the tool call the env answers (the end check is overridden to
-    keep episodes going for all turns, as the gym env does)."""
+    """TextEnvironment playing the very same episodes: the prompt is the chat template's rendering of the
+    system and first user message, and the legacy hooks are overridden so that every turn ends with the
+    env's follow-up, rendered by the template as the Gym renders it. Same tokens in, same tokens out."""
     from textenv import TextEnvironment
 
-    class EveryTurnEnvironment(TextEnvironment):
-        def task_end_check(self, history, model_turn=True):
-            return False, False
+    def text_after_reply(message: dict) -> str:
+        """What the template puts after an assistant reply "x": its closing, `message`, the next header."""
+        before = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]
+        grown = tokenizer.apply_chat_template([*before, message], tokenize=False, add_generation_prompt=True)
+        return grown[grown.rindex("x<|im_end|>") + 1:]
 
-    prompt = SYSTEM + "\n\n"
-    env = EveryTurnEnvironment(model, tokenizer, {"Note": lambda query: follow_up(1)}, None, prompt, max_turns=turns,
-                               generation_kwargs=greedy_kwargs(), batch_size=episodes)
+    class ScriptedChatEnvironment(TextEnvironment):
+        def task_end_check(self, history, model_turn=True):
+            return False, False  # every episode runs all its turns, as the Gym env's do
+
+        def step(self, history):
+            turn = sum(1 for system in history.system_spans if not system)
+            observation = text_after_reply({"role": "user", "content": follow_up(turn)})
+            ended_by_eos = history.tokens[-1].item() == tokenizer.eos_token_id
+            text = observation[len(tokenizer.eos_token):] if ended_by_eos else observation
+            tokens = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+            history.append_segment(text, tokens, system=True)
+            return history
+
+    openings = [
+        tokenizer.apply_chat_template([{"role": "system", "content": system()}, {"role": "user", "content": question(index)}],
+                                      tokenize=False, add_generation_prompt=True)
+        for index in range(episodes)
+    ]
+    env = ScriptedChatEnvironment(model, tokenizer, {}, None, "", max_turns=turns, generation_kwargs=greedy_kwargs(), batch_size=episodes)
     started = time.perf_counter()
-    *_, histories = env.run([question(index) for index in range(episodes)])
+    *_, histories = env.run(openings)
     seconds = time.perf_counter() - started
     return _result(seconds, [[segment.tolist() for segment in _model_segments(history)] for history in histories])
 
@@ -140,10 +176,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env"])
     parser.add_argument("--model-path", default=None, help="default: the bundled model")
+    parser.add_argument("--script", choices=sorted(SCRIPTS), default="chat", help="the env's prompts (default: chat)")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="tokens per model turn (default: %(default)s)")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     args = parser.parse_args()
+    global SCRIPT, MAX_NEW_TOKENS
+    SCRIPT, MAX_NEW_TOKENS = args.script, args.max_new_tokens
     torch.set_num_threads(args.threads)
     if args.model_path is None:
         from textenv.models import bundled_model_path

@@ -211,3 +211,29 @@ def compare_stats(legacy_stats: dict[str, Any], textenv_stats: dict[str, Any]) -
         "arrays_differing": array_differences,
         "missing": sorted(set(legacy_stats) - set(textenv_stats)),
     }
+
+
+def gym_table(results: dict, episodes: int, turns: int) -> str:
+    """The gym workload: the naive per-turn loop against GymScheduler, and GymScheduler's tokens/s against
+    TextEnvironment's on the same episodes (medians), with token-equality checks."""
+    naive, scheduler, text_env = (results[mode] for mode in ("naive", "scheduler", "text-env"))
+    seconds = {mode: median([run["seconds"] for run in results[mode]]) for mode in ("naive", "scheduler", "text-env")}
+    rate = {mode: median([run["tokens_per_second"] for run in results[mode]]) for mode in ("naive", "scheduler", "text-env")}
+    same_as_naive = scheduler[0]["replies"] == naive[0]["replies"]
+    same_as_text_env = scheduler[0]["replies"] == text_env[0]["replies"]
+    header = ["workload", "naive loop s", "GymScheduler s", "speed-up", "GymScheduler tok/s", "TextEnvironment s",
+              "TextEnvironment tok/s", "tok/s GymScheduler / TextEnvironment", "generated tokens", "peak RSS MiB (naive / Gym / TextEnv)"]
+    row = [
+        f"gym ({episodes} episodes x {turns} turns, `{results.get('script', 'chat')}` env)",
+        seconds["naive"], seconds["scheduler"], f"**{ratio(seconds['naive'], seconds['scheduler']):.2f}x**",
+        rate["scheduler"], seconds["text-env"], rate["text-env"], f"{rate['scheduler'] / rate['text-env']:.2f}",
+        scheduler[0]["generated_tokens"],
+        " / ".join(f"{median([run['peak_rss_mb'] for run in results[mode]]):.0f}" for mode in ("naive", "scheduler", "text-env")),
+    ]
+    checks = (
+        f"gym: every reply's token ids equal between GymScheduler and the naive loop: {same_as_naive}; "
+        f"between GymScheduler and TextEnvironment on the same episodes: {same_as_text_env} "
+        f"({scheduler[0]['turns']} turns, {scheduler[0]['generated_tokens']} / {naive[0]['generated_tokens']} / "
+        f"{text_env[0]['generated_tokens']} generated tokens)."
+    )
+    return markdown_table(header, [row]) + "\n\n" + checks

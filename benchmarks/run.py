@@ -26,7 +26,9 @@ import report  # noqa: E402
 import workload  # noqa: E402
 from legacy_venv import ensure_legacy_venv  # noqa: E402
 
-WORKLOADS = ("rollout", "turns", "ppo-step")
+WORKLOADS = ("rollout", "turns", "ppo-step", "gym")
+GYM_MODES = ("naive", "scheduler", "text-env")
+GYM_EPISODES, GYM_TURNS = 32, 6
 ROLLOUT_QUERIES = 32
 PPO_EPISODES = 8
 MAX_NEW_TOKENS = 32
@@ -42,6 +44,7 @@ def parse_args() -> argparse.Namespace:
         "--threads", type=int, default=workload.NUM_THREADS,
         help="torch threads on both sides (default 2; 1 avoids thread-barrier stalls on a busy machine)",
     )
+    parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
     return parser.parse_args()
@@ -61,6 +64,9 @@ def main() -> None:
         inputs = write_inputs(Path(folder), quick=args.quick)
         raw = {}
         for name in args.workloads:
+            if name == "gym":
+                raw[name] = measure_gym(repeats, args.threads, args.gym_script)
+                continue
             if name == "ppo-step":
                 run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
             raw[name] = measure(name, sides, inputs[name], repeats, args.threads)
@@ -115,6 +121,21 @@ def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int) ->
     return results
 
 
+def measure_gym(repeats: int, threads: int, script: str) -> dict[str, list[dict]]:
+    """The gym workload on the main venv: a naive per-turn loop, GymScheduler and TextEnvironment on the
+    same episodes, each `repeats` times in fresh processes, the order rotated every repeat."""
+    results: dict[str, list[dict]] = {mode: [] for mode in GYM_MODES}
+    side = (sys.executable, HERE / "gym_side.py")
+    for repeat in range(repeats):
+        order = GYM_MODES[repeat % 3 :] + GYM_MODES[: repeat % 3]
+        for mode in order:
+            print(f"[gym] run {repeat + 1}/{repeats}: {mode} ...", file=sys.stderr, flush=True)
+            extra = ["--mode", mode, "--script", script, "--episodes", str(GYM_EPISODES), "--turns", str(GYM_TURNS)]
+            results[mode].append(run_side(side, None, None, extra, threads))
+    results["script"] = script
+    return results
+
+
 def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: list[str] = (), threads: int = workload.NUM_THREADS) -> dict:
     python, script = side
     environment = {
@@ -126,7 +147,9 @@ def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: li
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    command = [python, str(script), "--workload", side_workload, "--inputs", str(inputs), "--threads", str(threads), *extra]
+    command = [python, str(script), "--threads", str(threads), *extra]
+    if side_workload is not None:
+        command += ["--workload", side_workload, "--inputs", str(inputs)]
     completed = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=HERE)
     for line in completed.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
@@ -164,17 +187,21 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         if stats["missing"]:
             line += f"; missing in textenv: {stats['missing']}"
         notes.append(line)
-    parts += [report.markdown_table(report.SUMMARY_HEADER, summary_rows), ""]
+    parts += [report.markdown_table(report.SUMMARY_HEADER, summary_rows), ""] if summary_rows else []
+    if "gym" in raw:
+        parts += [report.gym_table(raw["gym"], GYM_EPISODES, GYM_TURNS), ""]
     if "turns" in raw:
         parts += ["How cost grows with turns (`turns` workload):", "", report.turns_table(raw["turns"]["legacy"], raw["turns"]["textenv"], list(TURNS)), ""]
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes]
-    versions = {side: results[0]["versions"] for side, results in any_workload_results(raw).items()}
-    parts += ["", f"Versions: legacy {versions.get('legacy')}; textenv {versions.get('textenv')}."]
+    side_results = any_workload_results(raw)
+    if "legacy" in side_results:
+        versions = {side: results[0]["versions"] for side, results in side_results.items()}
+        parts += ["", f"Versions: legacy {versions.get('legacy')}; textenv {versions.get('textenv')}."]
     return "\n".join(parts)
 
 
 def any_workload_results(raw: dict) -> dict[str, list[dict]]:
-    return next(iter(raw.values()))
+    return next((results for name, results in raw.items() if name != "gym"), {})
 
 
 if __name__ == "__main__":

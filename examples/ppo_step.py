@@ -4,15 +4,15 @@ learns from them, and the statistics are printed.
     python examples/ppo_step.py                 # bundled SmolLM2-135M-Instruct on CPU, 3 small steps
     python examples/ppo_step.py --steps 20 --batch-size 16 --mini-batch-size 4
 
-Each step: `env.run(queries, answers=answers)` returns `(queries, responses, masks, rewards, histories)`;
+Each step of textenv's training loop (`textenv.training.train`, the loop of the demo, the CLI and every
+example): `env.run(queries, answers=answers)` returns `(queries, responses, masks, rewards, histories)`;
 the masks are 0 on the calculator's output so only the model's own tokens are trained on;
-`trainer.step(queries, responses, rewards, masks)` runs PPO on them.
+`trainer.step(queries, responses, rewards, masks)` runs PPO on them; `on_step` prints the statistics.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
@@ -21,6 +21,7 @@ from textenv import PPOConfig, PPOTrainer, TextEnvironment
 from textenv.models import load_bundled_model
 from textenv.tasks import calculator as task
 from textenv.tools import Calculator
+from textenv.training import StepLog, TextEnvironmentSource, train
 
 SHOWN_STATS = (
     "env/reward_mean", "objective/kl", "objective/kl_coef", "objective/entropy", "ppo/loss/policy",
@@ -69,24 +70,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "pad_token_id": tokenizer.pad_token_id,
         },
     )
-    all_stats = []
-    for step in range(args.steps):
-        tasks, answers = task.generate_tasks(args.batch_size, seed=args.seed * 1000 + step)
-        started = time.time()
-        queries, responses, masks, rewards, histories = env.run(tasks, answers=answers)
-        rollout_seconds = time.time() - started
-        rewards = [torch.tensor(float(r)) for r in rewards]
-        stats = trainer.step(queries, responses, rewards, masks)
-        stats["env/reward_mean"] = float(torch.stack(rewards).mean())
-        stats["time/rollout"] = rollout_seconds
-        all_stats.append(stats)
-        print(f"step {step + 1}/{args.steps}  rollout {rollout_seconds:.1f}s")
-        for key in SHOWN_STATS:
-            print(f"  {key:28s} {stats[key]: .4f}")
-        if args.show_episode:
-            print(histories[0].text[len(task.PROMPT):])
-    return all_stats
+    def task_batches():
+        for step in range(args.steps):
+            yield task.generate_tasks(args.batch_size, seed=args.seed * 1000 + step)
 
+    def show(log: StepLog) -> None:
+        print(f"step {log.step + 1}/{args.steps}  episodes {log.episode_seconds:.1f}s  PPO {log.ppo_seconds:.1f}s")
+        for key in SHOWN_STATS:
+            value = log.reward_mean if key == "env/reward_mean" else log.stats[key]
+            print(f"  {key:28s} {float(value): .4f}")
+        if args.show_episode:
+            print(log.batch.response_texts[0])
+
+    # Each step of `train`: env.run(queries, answers=answers) -> trainer.step(queries, responses, rewards, masks).
+    logs = train(trainer, TextEnvironmentSource(env, task_batches()), args.steps, on_step=show, progress=False)
+    return [{**log.stats, "env/reward_mean": log.reward_mean} for log in logs]
 
 if __name__ == "__main__":
     main()

@@ -169,3 +169,23 @@ def test_word_problems_are_reproducible_and_well_formed():
 )
 def test_word_problem_reward_tolerance(text, reward):
     assert word_problems.answer_match_reward([text], [42.0]) == [reward]
+
+
+def test_ppo_step_example_trains_through_the_one_loop(tmp_path, monkeypatch):
+    """`examples/ppo_step.py` plays bundled-model episodes and steps PPO through `textenv.training.train`,
+    printing each step's statistics from `on_step`."""
+    from textenv import training
+
+    steps_seen = []
+    real_train = training.train
+
+    def recording_train(trainer, episodes, steps, **kwargs):
+        logs = real_train(trainer, episodes, steps, **kwargs)
+        steps_seen.extend(log.step for log in logs)
+        return logs
+
+    monkeypatch.setattr(training, "train", recording_train)
+    main = example_main("ppo_step")
+    stats = main(["--steps", "2", "--batch-size", "2", "--mini-batch-size", "1", "--max-new-tokens", "4", "--max-turns", "1"])
+    assert steps_seen == [0, 1] and len(stats) == 2
+    assert all(0.0 <= step["env/reward_mean"] <= 1.0 and "ppo/loss/total" in step for step in stats)

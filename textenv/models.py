@@ -96,9 +96,10 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None, **kwargs):
     """Load a tokenizer, defaulting to the bundled model's; a missing pad token is set to EOS."""
     from transformers import AutoTokenizer
 
+    from textenv.padding import ensure_pad_token
+
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), **kwargs)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    ensure_pad_token(tokenizer, warn=False)
     return tokenizer
 
 

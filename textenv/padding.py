@@ -26,14 +26,15 @@ def right_pad(sequences: Sequence[torch.Tensor], pad_value: int) -> torch.Tensor
     return torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True, padding_value=pad_value)
 
 
-def ensure_pad_token(tokenizer) -> None:
-    """Give a tokenizer without a pad token its EOS token as pad token, with a warning."""
-    if tokenizer.pad_token is None:
+def ensure_pad_token(tokenizer, warn: bool = True) -> None:
+    """Give a tokenizer without a pad token its EOS token as pad token (with a warning unless `warn=False`)."""
+    if tokenizer.pad_token is None and warn:
         warnings.warn(
             "The tokenizer has no pad token; using its EOS token as pad token "
             "(set tokenizer.pad_token yourself to choose another).",
             stacklevel=3,
         )
+    if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
