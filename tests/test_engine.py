@@ -274,3 +274,64 @@ def test_an_episode_kv_is_kept_for_its_next_turn_and_dropped_when_it_ends(tiny_m
         assert ids([second]) == ids(fresh.generate_batch([extended], stop_at_eos=False))
     engine.generate_batch(contexts[:1])  # the next call releases the ended episodes' entries
     assert not any(entry.owner in range(len(contexts)) for entry in engine.prefix_cache.entries)
+
+
+def test_a_model_error_fails_the_rows_it_hit_and_the_engine_goes_on(tiny_model, tokenizer, monkeypatch):
+    """An exception in a decoding step is raised in every episode whose row was in the batch; the engine
+    drops its cache and serves the next requests normally."""
+    import asyncio
+
+    from textenv.engine import decoding
+    from textenv.engine.engine import Completion
+
+    original, forwards = decoding.ContinuousDecoder._forward, []
+
+    def failing_second_forward(self, *args, **kwargs):
+        forwards.append(1)
+        if len(forwards) == 2:
+            raise RuntimeError("out of memory (pretend)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(decoding.ContinuousDecoder, "_forward", failing_second_forward)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(3))
+    contexts = contexts_for(tokenizer)
+
+    async def all_turns():
+        return await asyncio.gather(*(engine.generate(c, episode=i) for i, c in enumerate(contexts)), return_exceptions=True)
+
+    failed = asyncio.run(all_turns())
+    assert [type(outcome) for outcome in failed] == [RuntimeError] * len(contexts)
+    assert not engine.prefix_cache.entries
+    served = asyncio.run(all_turns())
+    assert all(isinstance(outcome, Completion) for outcome in served)
+    assert ids(served) == ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(3)).generate_batch(contexts))
+
+
+def test_run_hosted_decodes_in_the_calling_thread(tiny_model, tokenizer, monkeypatch):
+    """`run_hosted` plays the episodes' event loop in a helper thread and decodes in the caller's thread
+    (the thread whose OpenMP team torch set up), with the same tokens as a batch call."""
+    import asyncio
+    import threading
+
+    from textenv.engine import decoding
+
+    decoding_threads = set()
+    original = decoding.ContinuousDecoder.step
+
+    def recording_step(self):
+        decoding_threads.add(threading.current_thread().name)
+        return original(self)
+
+    monkeypatch.setattr(decoding.ContinuousDecoder, "step", recording_step)
+    engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4))
+    contexts = contexts_for(tokenizer)
+
+    async def episodes():
+        loop_thread = threading.current_thread().name
+        completions = await asyncio.gather(*(engine.generate(c, episode=i) for i, c in enumerate(contexts)))
+        return loop_thread, completions
+
+    loop_thread, completions = engine.run_hosted(episodes())
+    assert decoding_threads == {threading.current_thread().name} != {loop_thread}
+    assert engine._worker is None
+    assert ids(completions) == ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).generate_batch(contexts))

@@ -21,7 +21,6 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.asyncio_bridge import run_sync
 from textenv.checks import check_positive_int
 from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
@@ -139,7 +138,7 @@ class TextEnvironment:
         if self._turn_order() == LOCKSTEP:
             histories = self._run_in_lockstep(histories)
         else:
-            histories = run_sync(self._play(histories))
+            histories = self._engine_for_call().run_hosted(self._play(histories))
         for history in histories:
             if not history.completed:
                 history.complete(truncated=True)

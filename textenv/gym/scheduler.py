@@ -135,9 +135,12 @@ class GymScheduler:
     def _generator(self):
         """The engine (continuous batching), or batches through `generate` when a `policy` is given or
         `generate` is overridden."""
-        if self.policy is None and type(self).generate is GymScheduler.generate and "generate" not in vars(self):
+        if self._on_engine():
             return self._engine_for_call()
         return BatchedGenerator(self.generate, self.batch_size)
+
+    def _on_engine(self) -> bool:
+        return self.policy is None and type(self).generate is GymScheduler.generate and "generate" not in vars(self)
 
     # ------------------------------------------------------------------ running
     def run(
@@ -159,6 +162,8 @@ class GymScheduler:
             rows, step=step, num_generations=num_generations, completions_path=completions_path,
             progress=progress, keep_episodes=keep_episodes,
         )
+        if self._on_engine():  # decode in this thread, play the episodes in a helper thread
+            return self._engine_for_call().run_hosted(coroutine)
         return run_sync(coroutine)
 
     async def arun(
