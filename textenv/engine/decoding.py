@@ -143,14 +143,13 @@ class ContinuousDecoder:
                 self._store(request, batch, position)
                 batch.requests[position] = None
                 request.done(request.token_ids, reason)
-        next_token = {id(batch.requests[position]): token for position, token in zip(live, tokens) if batch.requests[position] is not None}
         live = batch.live
         if not live:
             self.batch = None
             return
         if len(batch.requests) - len(live) > max(1, len(batch.requests) // 4):
             batch.select(live)
-        fed = [next_token[id(request)] if request is not None else self.pad_token_id for request in batch.requests]
+        fed = [request.token_ids[-1] if request is not None else self.pad_token_id for request in batch.requests]
         input_ids = torch.tensor(fed, device=self.device).unsqueeze(1)
         batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(batch.requests), 1))], dim=1)
         batch.logits = self._forward(input_ids, batch.attention_mask, batch.positions.unsqueeze(1), batch.cache)

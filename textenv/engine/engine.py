@@ -298,14 +298,10 @@ class GenerationEngine:
         """The requests to admit now (`None`: nothing is running or waiting, the thread ends) and the
         requests `transformers`' `generate` must serve (the first waiting one's kind, as a batch)."""
         with self._lock:
-            for episode in self._ended:
-                self.prefix_cache.release(episode)
-            self._ended.clear()
+            self._release_ended()
             while not self._waiting and decoder.batch is None and self._hosted_until is not None and not self._hosted_until.is_set():
                 self._wakeup.wait(timeout=1.0)  # hosted: the episodes are reacting; wait for their next turns
-                for episode in self._ended:
-                    self.prefix_cache.release(episode)
-                self._ended.clear()
+                self._release_ended()
             if not self._waiting and decoder.batch is None:
                 self._worker, self._hosted_until = None, None
                 if not self.reuse_cache:
@@ -323,6 +319,12 @@ class GenerationEngine:
                 if admitted and self.reuse_cache:
                     self.prefix_cache.validate(model)
             return admitted, fallback
+
+    def _release_ended(self) -> None:
+        """Drop the cached KV of the episodes that ended while this thread was decoding (lock held)."""
+        for episode in self._ended:
+            self.prefix_cache.release(episode)
+        self._ended.clear()
 
     def _completion(self, token_ids: list[int] | torch.Tensor, reason: str, device: torch.device) -> Completion:
         token_ids = torch.as_tensor(token_ids, dtype=torch.long).to(device)
