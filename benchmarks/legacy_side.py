@@ -80,14 +80,7 @@ def run_ppo_step(inputs: dict) -> dict:
     model.v_head.load_state_dict(torch.load(inputs["value_head_path"]))
     config = PPOConfig(batch_size=len(batch["queries"]), mini_batch_size=inputs["mini_batch_size"], seed=0)
     trainer = PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
-    queries, responses, scores, masks = workload.ppo_batch_tensors(batch)
-    result: dict = {"rss_before_step_mb": workload.current_rss_mb()}
-    with workload.stopwatch(result, "seconds"):
-        stats = trainer.step(queries, responses, scores, response_masks=masks)
-    result["stats"] = workload.jsonable_stats(stats)
-    result["generated_tokens"] = int(sum(int(mask.sum()) for mask in masks))
-    result["peak_rss_mb"] = workload.peak_rss_mb()
-    return result
+    return workload.timed_ppo_steps(trainer, batch)
 
 
 def main() -> None:

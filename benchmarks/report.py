@@ -29,8 +29,18 @@ def _cell(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------ main summary table
-def summary_row(name: str, legacy: list[dict], textenv: list[dict], run_index: int | None = 0) -> list[Any]:
-    """One table row: median time, tokens/s and peak RSS of each side, and textenv's ratios."""
+def summary_row(
+    name: str,
+    legacy: list[dict],
+    textenv: list[dict],
+    run_index: int | None = 0,
+    model_flops: dict[str, float] | None = None,
+    ceiling: dict[str, Any] | None = None,
+    bf16: bool = False,
+) -> list[Any]:
+    """One table row: median time, tokens/s and peak RSS of each side, and textenv's ratios. With
+    `model_flops` (per side) and the matmul `ceiling`, also each side's model GFLOP/s (FLOPs / median
+    wall time), their percentage of the fp32 ceiling, and with `bf16`, textenv's of the bf16 ceiling."""
 
     def seconds(result: dict) -> float:
         return result["runs"][run_index]["seconds"] if run_index is not None else result["seconds"]
@@ -46,7 +56,7 @@ def summary_row(name: str, legacy: list[dict], textenv: list[dict], run_index: i
     legacy_tps = median([tokens(r) / seconds(r) for r in legacy])
     textenv_tps = median([tokens(r) / seconds(r) for r in textenv])
     legacy_rss, textenv_rss = median([r["peak_rss_mb"] for r in legacy]), median([r["peak_rss_mb"] for r in textenv])
-    return [
+    row = [
         name,
         legacy_time,
         textenv_time,
@@ -61,6 +71,17 @@ def summary_row(name: str, legacy: list[dict], textenv: list[dict], run_index: i
         textenv_rss,
         f"{ratio(textenv_rss, legacy_rss):.2f}x",
     ]
+    if model_flops is not None and ceiling is not None:
+        legacy_gflops = model_flops["legacy"] / legacy_time / 1e9
+        textenv_gflops = model_flops["textenv"] / textenv_time / 1e9
+        row += [legacy_gflops, textenv_gflops, f"{_percent(legacy_gflops, ceiling['fp32'])} / {_percent(textenv_gflops, ceiling['fp32'])}"]
+        if bf16:
+            row.append(_percent(textenv_gflops, ceiling["bf16"]))
+    return row
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * ratio(part, whole):.0f}%"
 
 
 SUMMARY_HEADER = [
@@ -78,6 +99,16 @@ SUMMARY_HEADER = [
     "textenv peak RSS MiB",
     "memory ratio",
 ]
+
+
+def summary_header(with_flops: bool = False, bf16: bool = False) -> list[str]:
+    """The summary table's columns (`summary_row` with or without model FLOPs, bf16 textenv or not)."""
+    header = list(SUMMARY_HEADER)
+    if with_flops:
+        header += ["legacy model GFLOP/s", "textenv model GFLOP/s", "% of fp32 ceiling (legacy / textenv)"]
+        if bf16:
+            header.append("textenv % of bf16 ceiling")
+    return header
 
 
 # ------------------------------------------------------------------------------ turns

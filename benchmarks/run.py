@@ -2,10 +2,12 @@
 
     python benchmarks/run.py            # all workloads, 3 repeats
     python benchmarks/run.py --quick    # one repeat, fewer turns (a few minutes)
+    python benchmarks/run.py --bf16     # textenv in bf16 mixed precision (legacy stays fp32)
 
 Creates the legacy venv (`benchmarks/.legacy-venv`: trl 0.11.4, transformers 4.46.3) on first use, writes
-the fixed inputs to a temporary folder, then runs every workload in fresh processes, alternating legacy
-and textenv, and prints medians, ratios and token-equality checks as Markdown.
+the fixed inputs to a temporary folder, measures this machine's matmul ceiling (`flops.py`) in a fresh
+process, then runs every workload in fresh processes, alternating legacy and textenv, and prints medians,
+ratios, model GFLOP/s against the ceiling and token-equality checks as Markdown.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import flops  # noqa: E402
 import report  # noqa: E402
 import workload  # noqa: E402
 from legacy_venv import ensure_legacy_venv  # noqa: E402
 
-WORKLOADS = ("rollout", "turns", "ppo-step", "gym")
+WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")
+PPO_WORKLOADS = ("ppo-step", "ppo-step-varied")
+SIDE_WORKLOADS = ("rollout", "turns", *PPO_WORKLOADS)  # legacy against textenv
+PPO_EPOCHS = 4  # PPOConfig's default on both sides
 GYM_MODES = ("naive", "scheduler", "text-env")
 GYM_EPISODES, GYM_TURNS = 32, 6
 ROLLOUT_QUERIES = 32
@@ -44,6 +50,11 @@ def parse_args() -> argparse.Namespace:
         "--threads", type=int, default=workload.NUM_THREADS,
         help="torch threads on both sides (default 2; 1 avoids thread-barrier stalls on a busy machine)",
     )
+    parser.add_argument(
+        "--bf16", action="store_true",
+        help="run textenv in bf16 mixed precision (rollout: TextEnvironment(mixed_precision='bf16'); PPO: "
+        "PPOConfig(accelerator_kwargs={'mixed_precision': 'bf16'})); legacy always runs in fp32",
+    )
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
@@ -56,20 +67,27 @@ def main() -> None:
     if args.render:
         raw = json.loads(args.render.read_text())
         args.workloads = [name for name in WORKLOADS if name in raw]
-        print(render(raw, len(next(iter(raw.values()))["legacy"]), args))
+        print(render(raw, saved_repeats(raw), args))
         return
     legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
     sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), "textenv": (sys.executable, HERE / "textenv_side.py")}
+    raw: dict = {"settings": {"bf16": args.bf16, "threads": args.threads, "quick": args.quick, "repeats": args.repeats}}
+    if any(name in SIDE_WORKLOADS for name in args.workloads):
+        print("[ceiling] matmul GFLOP/s, fp32 and bf16 ...", file=sys.stderr, flush=True)
+        raw["ceiling"] = run_side((sys.executable, HERE / "flops.py"), None, None, threads=args.threads)
+    model_config = flops.load_model_config()
     with tempfile.TemporaryDirectory(prefix="textenv-bench-") as folder:
         inputs = write_inputs(Path(folder), quick=args.quick)
-        raw = {}
+        if any(name in PPO_WORKLOADS for name in args.workloads):
+            run_side(sides["textenv"], "make-value-head", inputs["ppo-step"], threads=args.threads)
         for name in args.workloads:
             if name == "gym":
                 raw[name] = measure_gym(repeats, args.threads, args.gym_script)
                 continue
             if name == "ppo-step":
                 run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
-            raw[name] = measure(name, sides, inputs[name], repeats, args.threads)
+            raw[name] = measure(name, sides, inputs[name], repeats, args.threads, bf16=args.bf16)
+            raw[name]["model_flops"] = model_flops(name, raw[name], inputs[name], model_config)
     if args.json:
         args.json.write_text(json.dumps(raw))
     print(render(raw, repeats, args))
@@ -84,6 +102,11 @@ def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
     chain_queries, chain_answers = workload.make_chain_tasks(8 if quick else ROLLOUT_QUERIES, seed=0)
     ppo_queries, ppo_answers = workload.make_calculator_tasks(PPO_EPISODES, seed=1)
     common = {"model_path": model_path, "max_new_tokens": MAX_NEW_TOKENS}
+    # Both PPO workloads load the same value-head init (written by textenv_side.py --workload make-value-head).
+    value_head_path = str(folder / "value_head.pt")
+    varied_batch_path = folder / "ppo_varied_batch.json"
+    vocab_size = flops.load_model_config(model_path)["vocab_size"]
+    varied_batch_path.write_text(json.dumps(workload.make_varied_ppo_batch(vocab_size, rows=PPO_EPISODES, seed=0)))
     contents = {
         "rollout": {**common, "prompt": workload.CALCULATOR_PROMPT, "queries": queries, "answers": answers},
         "turns": {**common, "prompt": workload.CHAIN_PROMPT, "queries": chain_queries, "answers": chain_answers},
@@ -94,7 +117,13 @@ def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
             "answers": ppo_answers,
             "mini_batch_size": 4,
             "batch_path": str(folder / "ppo_batch.json"),
-            "value_head_path": str(folder / "value_head.pt"),
+            "value_head_path": value_head_path,
+        },
+        "ppo-step-varied": {
+            "model_path": model_path,
+            "mini_batch_size": 4,
+            "batch_path": str(varied_batch_path),
+            "value_head_path": value_head_path,
         },
     }
     paths = {}
@@ -104,21 +133,35 @@ def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
     return paths
 
 
-def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int) -> dict[str, list[dict]]:
-    """Run a workload `repeats` times per side in fresh processes, alternating which side goes first."""
+def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int, bf16: bool = False) -> dict[str, list[dict]]:
+    """Run a workload `repeats` times per side in fresh processes, alternating which side goes first.
+    `bf16` is passed to the textenv side only (legacy always runs in fp32)."""
     results: dict[str, list[dict]] = {"legacy": [], "textenv": []}
-    side_workload = "ppo-step" if name == "ppo-step" else "rollout"
+    side_workload = "ppo-step" if name in PPO_WORKLOADS else "rollout"
     extra = {"legacy": ["--max-turns", "4"], "textenv": ["--max-turns", "4"]}
     if name == "turns":
         # Legacy's turns end together: one max_turns 8 run gives every turn's end time. textenv's episodes run
         # at their own pace, so each max_turns k is its own run.
         extra = {"legacy": ["--max-turns", str(max(TURNS))], "textenv": ["--max-turns", *map(str, range(1, max(TURNS) + 1))]}
+    if bf16:
+        extra["textenv"] = [*extra["textenv"], "--bf16"]
     for repeat in range(repeats):
         order = ("legacy", "textenv") if repeat % 2 == 0 else ("textenv", "legacy")
         for side in order:
             print(f"[{name}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
             results[side].append(run_side(sides[side], side_workload, inputs, extra[side], threads))
     return results
+
+
+def model_flops(name: str, results: dict[str, list[dict]], inputs: Path, config: dict) -> dict[str, int]:
+    """Each side's minimal model FLOPs of the timed part of the workload (see `flops.py`): for a PPO step,
+    from the batch; for a rollout, from the side's own final episodes (of the run the table shows)."""
+    if name in PPO_WORKLOADS:
+        batch = workload.read_json(workload.read_json(inputs)["batch_path"])
+        total = flops.ppo_step_flops(config, map(len, batch["queries"]), map(len, batch["responses"]), PPO_EPOCHS)
+        return {side: total for side in ("legacy", "textenv")}
+    run_index = -1 if name == "turns" else 0
+    return {side: flops.rollout_flops(config, results[side][0]["runs"][run_index]["episodes"]) for side in ("legacy", "textenv")}
 
 
 def measure_gym(repeats: int, threads: int, script: str) -> dict[str, list[dict]]:
@@ -158,36 +201,80 @@ def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: li
 
 
 # ------------------------------------------------------------------------------ output
+def saved_repeats(raw: dict) -> int:
+    """Runs per side of a saved --json file."""
+    for name in WORKLOADS:
+        if name in raw:
+            results = raw[name]
+            return len(results["legacy"] if "legacy" in results else results[GYM_MODES[0]])
+    return 0
+
+
 def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
-    command = "python benchmarks/run.py" + (" --quick" if args.quick else "") + (f" --repeats {args.repeats}" if args.repeats else "")
-    command += f" --threads {args.threads}" if args.threads != workload.NUM_THREADS else ""
+    settings = raw.get("settings", {})  # a saved run's own flags (absent in files saved before they were kept)
+    bf16, threads = settings.get("bf16", args.bf16), settings.get("threads", args.threads)
+    quick, repeats_flag = settings.get("quick", args.quick), settings.get("repeats", args.repeats)
+    command = "python benchmarks/run.py" + (" --quick" if quick else "") + (f" --repeats {repeats_flag}" if repeats_flag else "")
+    command += f" --threads {threads}" if threads != workload.NUM_THREADS else ""
+    command += " --bf16" if bf16 else ""
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
+    precision = (
+        "textenv ran in bf16 mixed precision, legacy in fp32" if bf16 else "both sides in fp32"
+    )
     parts = [
-        f"Command: `{command}` — {repeats} run(s) per side, medians; CPU only, torch.set_num_threads({args.threads}) on "
+        f"Command: `{command}` — {repeats} run(s) per side, medians; {precision}; CPU only, torch.set_num_threads({threads}) on "
         f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. No GPU figures: "
         "no GPU was available for these measurements.",
         "",
     ]
+    ceiling = raw.get("ceiling")
+    if ceiling:
+        parts += [
+            f"Matmul ceiling on this machine ({ceiling['threads']} threads): fp32 {ceiling['fp32']:.0f} GFLOP/s, "
+            f"bf16 {ceiling['bf16']:.0f} GFLOP/s (best median over torch GEMMs of the model's shapes; see benchmarks/flops.py).",
+            "",
+        ]
     summary_rows, notes = [], []
+    with_flops = bool(ceiling) and all("model_flops" in raw[name] for name in SIDE_WORKLOADS if name in raw)
+
+    def row(name: str, label: str, run_index: int | None) -> list:
+        flop_counts = raw[name].get("model_flops") if with_flops else None
+        return report.summary_row(label, raw[name]["legacy"], raw[name]["textenv"], run_index=run_index,
+                                  model_flops=flop_counts, ceiling=ceiling, bf16=bf16)
+
     if "rollout" in raw:
-        summary_rows.append(report.summary_row(f"rollout ({ROLLOUT_QUERIES} episodes, max_turns 4)", raw["rollout"]["legacy"], raw["rollout"]["textenv"]))
+        summary_rows.append(row("rollout", f"rollout ({ROLLOUT_QUERIES} episodes, max_turns 4)", 0))
         notes.append(report.equality_line("rollout", report.compare_episodes(raw["rollout"]["legacy"][0]["runs"][0], raw["rollout"]["textenv"][0]["runs"][0])))
     if "turns" in raw:
         episodes = len(raw["turns"]["legacy"][0]["runs"][0]["episodes"])
-        summary_rows.append(report.summary_row(f"turns ({episodes} episodes, max_turns {max(TURNS)})", raw["turns"]["legacy"], raw["turns"]["textenv"], run_index=-1))
+        summary_rows.append(row("turns", f"turns ({episodes} episodes, max_turns {max(TURNS)})", -1))
         notes.append(report.equality_line("turns", report.compare_episodes(raw["turns"]["legacy"][0]["runs"][0], raw["turns"]["textenv"][0]["runs"][-1])))
-    if "ppo-step" in raw:
-        summary_rows.append(report.summary_row("ppo-step (8 episodes, 4 epochs, mini-batch 4)", raw["ppo-step"]["legacy"], raw["ppo-step"]["textenv"], run_index=None))
-        stats = report.compare_stats(raw["ppo-step"]["legacy"][0]["stats"], raw["ppo-step"]["textenv"][0]["stats"])
+    labels = {
+        "ppo-step": f"ppo-step ({PPO_EPISODES} episodes, {PPO_EPOCHS} epochs, mini-batch 4; 2nd step)",
+        "ppo-step-varied": f"ppo-step-varied ({PPO_EPISODES} rows, no shared prompt, {PPO_EPOCHS} epochs, mini-batch 4; 2nd step)",
+    }
+    for name in PPO_WORKLOADS:
+        if name not in raw:
+            continue
+        summary_rows.append(row(name, labels[name], None))
+        stats = report.compare_stats(raw[name]["legacy"][0]["stats"], raw[name]["textenv"][0]["stats"])
         worst = ", ".join(f"`{key}` {value:.2e}" for key, value in stats["worst"][:3])
-        line = f"ppo-step stats: {stats['compared']} scalar stats compared, max abs diff {stats['max_abs_diff']:.1e} (largest: {worst})"
+        line = f"{name} stats (2nd step): {stats['compared']} scalar stats compared, max abs diff {stats['max_abs_diff']:.1e} (largest: {worst})"
         if stats["arrays_differing"]:
             line += "; array stats that differ: " + ", ".join(f"`{key}` (max {value:.2g})" for key, value in stats["arrays_differing"].items())
         if stats["missing"]:
             line += f"; missing in textenv: {stats['missing']}"
         notes.append(line)
-    parts += [report.markdown_table(report.SUMMARY_HEADER, summary_rows), ""] if summary_rows else []
+    header = report.summary_header(with_flops=with_flops, bf16=bf16)
+    parts += [report.markdown_table(header, summary_rows), ""] if summary_rows else []
+    if with_flops and summary_rows:
+        parts += [
+            "Model GFLOP/s: the workload's minimal model FLOPs (benchmarks/flops.py; PPO: from the batch, the same for "
+            "both sides; rollouts: from each side's own final episodes) divided by the median wall time; % of ceiling: "
+            "that rate against the matmul ceiling above (legacy / textenv).",
+            "",
+        ]
     if "gym" in raw:
         parts += [report.gym_table(raw["gym"], GYM_EPISODES, GYM_TURNS), ""]
     if "turns" in raw:
@@ -201,7 +288,9 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
 
 
 def any_workload_results(raw: dict) -> dict[str, list[dict]]:
-    return next((results for name, results in raw.items() if name != "gym"), {})
+    """`{"legacy": [...], "textenv": [...]}` of the first legacy-against-textenv workload of a run."""
+    results = next((raw[name] for name in SIDE_WORKLOADS if name in raw), {})
+    return {side: results[side] for side in ("legacy", "textenv") if side in results}
 
 
 if __name__ == "__main__":

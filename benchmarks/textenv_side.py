@@ -1,6 +1,10 @@
 """The textenv side of the benchmark: `textenv.TextEnvironment` and `textenv.PPOTrainer.step` on the
-main venv (torch 2.13, transformers 5). Prints one JSON line. Also makes the fixed PPO batch that both
-sides train on (`--workload make-ppo-batch`).
+main venv (torch 2.13, transformers 5). Prints one JSON line. Also makes the fixed PPO batch of the
+`ppo-step` workload (`--workload make-ppo-batch`) and the seeded value-head init that both sides load in
+both PPO workloads (`--workload make-value-head`).
+
+`--bf16` runs the workload in bf16 mixed precision (`TextEnvironment(..., mixed_precision="bf16")`,
+`PPOConfig(accelerator_kwargs={"mixed_precision": "bf16"})`); the default, as on the legacy side, is fp32.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ def warm_up(model, tokenizer) -> None:
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=tokenizer.eos_token_id)
 
 
-def make_environment(model, tokenizer, inputs: dict, max_turns: int):
+def make_environment(model, tokenizer, inputs: dict, max_turns: int, bf16: bool = False):
     from textenv import TextEnvironment
 
+    # The keyword is passed only when asked for, so that an fp32 run works with any TextEnvironment.
+    precision = {"mixed_precision": "bf16"} if bf16 else {}
     return TextEnvironment(
         model,
         tokenizer,
@@ -42,22 +48,23 @@ def make_environment(model, tokenizer, inputs: dict, max_turns: int):
         inputs["prompt"],
         max_turns=max_turns,
         generation_kwargs=workload.greedy_generation_kwargs(inputs["max_new_tokens"], tokenizer.eos_token_id),
+        **precision,
     )
 
 
-def run_rollout(inputs: dict, max_turns_list: list[int]) -> dict:
+def run_rollout(inputs: dict, max_turns_list: list[int], bf16: bool = False) -> dict:
     model, tokenizer = load_model(inputs["model_path"])
     warm_up(model, tokenizer)
     runs = []
     for max_turns in max_turns_list:
-        env = make_environment(model, tokenizer, inputs, max_turns)
+        env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16)
         runs.append(workload.timed_run(env, inputs, time_turns=False))  # as users run it: episodes at own pace
     return {"runs": runs, "peak_rss_mb": workload.peak_rss_mb()}
 
 
 def make_ppo_batch(inputs: dict) -> dict:
-    """Roll out the PPO batch once with textenv (greedy, max_turns 4) and save it with a seeded
-    value-head init, so both sides train on the same episodes from the same weights."""
+    """Roll out the `ppo-step` batch once with textenv (greedy, max_turns 4, fp32) and save it, so both
+    sides train on the same episodes."""
     model, tokenizer = load_model(inputs["model_path"])
     env = make_environment(model, tokenizer, inputs, max_turns=4)
     queries, responses, masks, rewards, _ = env.run(inputs["queries"], answers=inputs["answers"])
@@ -72,13 +79,20 @@ def make_ppo_batch(inputs: dict) -> dict:
         import json
 
         json.dump(batch, file)
-    torch.manual_seed(0)
-    value_head = torch.nn.Linear(model.config.hidden_size, 1)
-    torch.save({"summary.weight": value_head.weight.data, "summary.bias": value_head.bias.data}, inputs["value_head_path"])
     return {"episodes": len(batch["queries"]), "response_lengths": [len(r) for r in batch["responses"]]}
 
 
-def run_ppo_step(inputs: dict) -> dict:
+def make_value_head(inputs: dict) -> dict:
+    """Save the seeded value-head init (`torch.manual_seed(0)`, then `Linear(hidden_size, 1)`) that both
+    sides load in both PPO workloads, so they train from the same weights."""
+    hidden_size = workload.read_json(f"{inputs['model_path']}/config.json")["hidden_size"]
+    torch.manual_seed(0)
+    value_head = torch.nn.Linear(hidden_size, 1)
+    torch.save({"summary.weight": value_head.weight.data, "summary.bias": value_head.bias.data}, inputs["value_head_path"])
+    return {"hidden_size": hidden_size}
+
+
+def run_ppo_step(inputs: dict, bf16: bool = False) -> dict:
     from textenv import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
     from textenv.models import load_tokenizer
 
@@ -86,33 +100,31 @@ def run_ppo_step(inputs: dict) -> dict:
     tokenizer = load_tokenizer(inputs["model_path"])
     model = AutoModelForCausalLMWithValueHead.from_pretrained(inputs["model_path"], summary_dropout_prob=0.0)
     model.v_head.load_state_dict(torch.load(inputs["value_head_path"]))
-    config = PPOConfig(batch_size=len(batch["queries"]), mini_batch_size=inputs["mini_batch_size"], seed=0)
+    precision = {"accelerator_kwargs": {"mixed_precision": "bf16"}} if bf16 else {}
+    config = PPOConfig(batch_size=len(batch["queries"]), mini_batch_size=inputs["mini_batch_size"], seed=0, **precision)
     trainer = PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
-    queries, responses, scores, masks = workload.ppo_batch_tensors(batch)
-    result: dict = {"rss_before_step_mb": workload.current_rss_mb()}
-    with workload.stopwatch(result, "seconds"):
-        stats = trainer.step(queries, responses, scores, response_masks=masks)
-    result["stats"] = workload.jsonable_stats(stats)
-    result["generated_tokens"] = int(sum(int(mask.sum()) for mask in masks))
-    result["peak_rss_mb"] = workload.peak_rss_mb()
-    return result
+    return workload.timed_ppo_steps(trainer, batch)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workload", required=True, choices=["rollout", "ppo-step", "make-ppo-batch"])
+    parser.add_argument("--workload", required=True, choices=["rollout", "ppo-step", "make-ppo-batch", "make-value-head"])
     parser.add_argument("--inputs", required=True, help="JSON file written by run.py")
     parser.add_argument("--max-turns", type=int, nargs="+", default=[4])
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (rollout and ppo-step)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     inputs = workload.read_json(args.inputs)
     if args.workload == "rollout":
-        result = run_rollout(inputs, args.max_turns)
+        result = run_rollout(inputs, args.max_turns, bf16=args.bf16)
     elif args.workload == "ppo-step":
-        result = run_ppo_step(inputs)
+        result = run_ppo_step(inputs, bf16=args.bf16)
+    elif args.workload == "make-value-head":
+        result = make_value_head(inputs)
     else:
         result = make_ppo_batch(inputs)
+    result["bf16"] = args.bf16
     import transformers
 
     result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}

@@ -194,6 +194,22 @@ def read_json(path: str | Path) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- PPO batch
+def make_varied_ppo_batch(vocab_size: int, rows: int = 8, seed: int = 0) -> dict[str, list]:
+    """A PPO batch whose rows share no prompt: queries of 80-101 and responses of 56-70 token ids drawn
+    from [100, vocab_size), each response with a tool mask (first third 1, the next quarter 0 like a
+    tool's output, the rest 1), scores in [0, 1); all from `random.Random(seed)`."""
+    rng = random.Random(seed)
+    batch: dict[str, list] = {"queries": [], "responses": [], "masks": [], "scores": []}
+    for _ in range(rows):
+        query_length, response_length = rng.randint(80, 101), rng.randint(56, 70)
+        batch["queries"].append([rng.randrange(100, vocab_size) for _ in range(query_length)])
+        batch["responses"].append([rng.randrange(100, vocab_size) for _ in range(response_length)])
+        model_part, tool_part = response_length // 3, response_length // 4
+        batch["masks"].append([1] * model_part + [0] * tool_part + [1] * (response_length - model_part - tool_part))
+        batch["scores"].append(rng.random())
+    return batch
+
+
 def ppo_batch_tensors(batch: dict) -> tuple[list, list, list, list]:
     """`(queries, responses, scores, masks)` as the lists of tensors `PPOTrainer.step` takes."""
     import torch
@@ -203,6 +219,23 @@ def ppo_batch_tensors(batch: dict) -> tuple[list, list, list, list]:
     masks = [torch.tensor(mask, dtype=torch.long) for mask in batch["masks"]]
     scores = [torch.tensor(score, dtype=torch.float32) for score in batch["scores"]]
     return queries, responses, scores, masks
+
+
+def timed_ppo_steps(trainer: Any, batch: dict) -> dict[str, Any]:
+    """Two `trainer.step` calls on the same batch: a warm-up (its one-time allocations: optimizer state,
+    gradient buffers, the reference model's first pass) and the timed step, whose time and stats are
+    reported (steady-state training). `peak_rss_mb` is the process's high-water mark, over both steps."""
+    queries, responses, scores, masks = ppo_batch_tensors(batch)
+    result: dict[str, Any] = {}
+    with stopwatch(result, "first_step_seconds"):
+        trainer.step(queries, responses, scores, response_masks=masks)
+    result["rss_before_step_mb"] = current_rss_mb()
+    with stopwatch(result, "seconds"):
+        stats = trainer.step(queries, responses, scores, response_masks=masks)
+    result["stats"] = jsonable_stats(stats)
+    result["generated_tokens"] = int(sum(int(mask.sum()) for mask in masks))
+    result["peak_rss_mb"] = peak_rss_mb()
+    return result
 
 
 def jsonable_stats(stats: dict) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from textenv.ppo import shared_prefix
+from textenv.ppo import packing
 from textenv.ppo.offloaded_reference import AUTO_OFFLOAD_MIN_BYTES, OffloadedReference, should_offload
 from textenv.testing import tiny_causal_lm
 
@@ -61,86 +61,96 @@ def assert_same_step(first, second, rel=1e-4):
 
 
 # ------------------------------------------------------------------------------------------------
-# shared prompt prefix
+# packed rows (no padding, shared prompt prefix once)
 # ------------------------------------------------------------------------------------------------
-def padded(rows, pad=0):
+def padded(rows, pad=0, left=False):
+    if left:
+        input_ids, attention_mask = padded([row.flip(0) for row in rows], pad)
+        return input_ids.flip(1), attention_mask.flip(1)
     input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)
     attention_mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], batch_first=True)
     return input_ids, attention_mask
 
 
-def test_packing_layout_points_every_position_at_its_token():
+@pytest.mark.parametrize("left", [False, True])
+def test_packing_layout_points_every_position_at_its_token(left):
     rows = [torch.cat([q, r]) for q, r in zip(QUERIES, RESPONSES)]
-    input_ids, attention_mask = padded(rows)
-    packing = shared_prefix.plan_prefix_packing(input_ids, attention_mask)
-    assert packing is not None
+    input_ids, attention_mask = padded(rows, left=left)
+    layout = packing.plan_packing(input_ids, attention_mask)
     lengths = [len(r) for r in rows]
-    assert int((packing.segment_ids == 0).sum()) == 30
-    assert packing.input_ids.shape == (1, 30 + sum(length - 30 for length in lengths))
+    assert layout.prefix_len == 30
+    assert layout.input_ids.shape == (1, 30 + sum(length - 30 for length in lengths))
     for row, length in enumerate(lengths):
-        index = packing.token_index[row, :length]
-        assert torch.equal(packing.input_ids[0, index], rows[row])
-        assert torch.equal(packing.position_ids[0, index], torch.arange(length))
-        assert packing.real_tokens[row].sum() == length
+        columns = torch.nonzero(attention_mask[row])[:, 0]
+        index = layout.token_index[row, columns]
+        assert torch.equal(layout.input_ids[0, index], rows[row])
+        assert torch.equal(layout.position_ids[0, index], torch.arange(length))
+        start, end = layout.rest_bounds[row]
+        assert end - start == length - 30
 
 
-def test_packing_mask_sees_prefix_and_own_row_only():
-    input_ids, attention_mask = padded([torch.cat([PROMPT, torch.tensor([1, 2])]), torch.cat([PROMPT, torch.tensor([3])])])
-    packing = shared_prefix.plan_prefix_packing(input_ids, attention_mask)
-    allowed = packing.attention_mask("bool", torch.float32)[0, 0]
-    additive = packing.attention_mask("additive", torch.float32)[0, 0]
-    assert torch.equal(additive == 0, allowed)
-    first_rest, second_rest = 30, 32  # packed indices of the two rows' own tokens
-    assert allowed[first_rest + 1, :first_rest + 2].all()  # the prefix and its own earlier token
-    assert not allowed[second_rest, first_rest:second_rest].any()  # never the other row
-    assert not allowed[5, 6:].any()  # causal inside the prefix
-
-
-@pytest.mark.parametrize("rows, reason", [
-    ([torch.cat([PROMPT, torch.tensor([1])])], "one row"),
-    ([torch.arange(10, 20), torch.arange(10, 22)], "prefix under 16 tokens"),
-    ([torch.cat([PROMPT, torch.arange(500, 600)]), torch.cat([PROMPT, torch.arange(600, 700)])], "saves under 25%"),
-])
-def test_packing_declined_when_it_does_not_pay(rows, reason):
+def test_packing_without_shared_prefix_keeps_every_row_whole():
+    rows = [torch.arange(10, 20), torch.arange(50, 53), torch.arange(7, 14)]
     input_ids, attention_mask = padded(rows)
-    assert shared_prefix.plan_prefix_packing(input_ids, attention_mask) is None, reason
+    for share_prefix in (True, False):  # no common start: no prefix segment either way
+        layout = packing.plan_packing(input_ids, attention_mask, share_prefix=share_prefix)
+        assert layout.prefix_len == 0
+        assert layout.rest_bounds == [(0, 10), (10, 13), (13, 20)]
+        assert torch.equal(layout.input_ids[0], torch.cat(rows))
+    with_prompt = [torch.cat([PROMPT, row]) for row in rows]
+    layout = packing.plan_packing(*padded(with_prompt), share_prefix=False)
+    assert layout.prefix_len == 0 and layout.input_ids.shape[1] == sum(map(len, with_prompt))
 
 
-def test_packing_declined_for_left_padding():
-    input_ids, attention_mask = padded([torch.cat([PROMPT, torch.tensor([1, 2])]), torch.cat([PROMPT, torch.tensor([3])])])
-    left_ids, left_mask = input_ids.flip(1), attention_mask.flip(1)
-    assert shared_prefix.plan_prefix_packing(left_ids, left_mask) is None
+def test_packing_short_common_start_and_identical_rows():
+    short = [torch.arange(10, 20), torch.arange(10, 22)]  # 10 common tokens: under MIN_SHARED_PREFIX
+    assert packing.plan_packing(*padded(short)).prefix_len == 0
+    same = [PROMPT.clone(), PROMPT.clone()]  # every row keeps at least one token of its own
+    layout = packing.plan_packing(*padded(same))
+    assert layout.prefix_len == 29 and layout.rest_bounds == [(29, 30), (30, 31)]
 
 
-def test_mask_format_per_attention_implementation():
-    config = tiny_causal_lm().config
-    for implementation, expected in (("sdpa", "bool"), ("eager", "additive"), ("flash_attention_2", None)):
-        config._attn_implementation = implementation
-        assert shared_prefix.mask_format(config) == expected
-    config._attn_implementation = "sdpa"
-    config.sliding_window = 8
-    assert shared_prefix.mask_format(config) is None
+def test_packing_declined_for_a_mask_with_holes():
+    input_ids, attention_mask = padded([torch.arange(10, 20), torch.arange(30, 40)])
+    attention_mask[0, 4] = 0
+    assert packing.plan_packing(input_ids, attention_mask) is None
+
+
+def test_supports_packing_per_attention_implementation():
+    model = tiny_causal_lm()
+    for implementation, expected in (("sdpa", True), ("eager", True), ("flash_attention_2", False)):
+        model.config._attn_implementation = implementation
+        assert packing.supports_packing(model) == expected
+    model.config._attn_implementation = "sdpa"
+    model.config.sliding_window = 8
+    assert not packing.supports_packing(model)
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
-def test_packed_forward_equals_padded_forward(attn_implementation):
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_packed_forward_equals_padded_forward(attn_implementation, share_prefix):
     model = make_model(attn_implementation=attn_implementation).eval()  # no value-head dropout
     rows = [torch.cat([q, r]) for q, r in zip(QUERIES, RESPONSES)]
     input_ids, attention_mask = padded(rows)
-    packing = shared_prefix.plan_prefix_packing(input_ids, attention_mask)
-    mask_format = shared_prefix.mask_format(model.config)
+    layout = packing.plan_packing(input_ids, attention_mask, share_prefix=share_prefix)
+    assert (layout.prefix_len > 0) == share_prefix
     with torch.no_grad():
         logits, _, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(0, None))
-        packed_logits, _, packed_values = model(
-            input_ids=packing.input_ids,
-            attention_mask=packing.attention_mask(mask_format, torch.float32),
-            position_ids=packing.position_ids,
-            logits_to_keep=slice(0, None),
-        )
+        with packing.packed_attention(model.causal_lm.config):
+            packed_logits, _, packed_values = model(
+                input_ids=layout.input_ids, position_ids=layout.position_ids, logits_to_keep=slice(0, None), packed_rows=layout
+            )
+    assert model.causal_lm.config._attn_implementation == attn_implementation  # switched back
     for row, length in enumerate(len(r) for r in rows):
-        index = packing.token_index[row, :length]
+        index = layout.token_index[row, :length]
         torch.testing.assert_close(packed_logits[0, index], logits[row, :length], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(packed_values[0, index], values[row, :length], rtol=1e-4, atol=1e-5)
+
+
+def test_packed_attention_without_layout_is_an_error():
+    model = make_model().eval()
+    with packing.packed_attention(model.causal_lm.config), pytest.raises(RuntimeError, match="packed_rows"):
+        model(input_ids=torch.tensor([[1, 2, 3]]))
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
@@ -324,3 +334,58 @@ def test_auto_offload_only_for_large_models_on_cpu():
     assert should_offload(None, large, torch.device("cpu"))
     assert not should_offload(None, large, torch.device("cuda"))
     assert not should_offload(False, large, torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the first training mini-batch's forward pass runs with the experience passes
+# ------------------------------------------------------------------------------------------------
+def count_policy_passes(trainer):
+    calls = []
+    body = trainer.accelerator.unwrap_model(trainer.model).pretrained_model.model
+    body.register_forward_pre_hook(lambda module, args: calls.append(torch.is_grad_enabled()))
+    return calls
+
+
+@pytest.mark.parametrize("mini_batch_size", [3, 1])
+def test_first_minibatch_pass_is_reused_and_changes_nothing(monkeypatch, mini_batch_size):
+    early = make_trainer(mini_batch_size=mini_batch_size)
+    early_calls = count_policy_passes(early)
+    early_result = (early, early.step(QUERIES, RESPONSES, SCORES, MASKS), flat_weights(early.model))
+    monkeypatch.setattr(PPOTrainer, "_first_minibatch_rows", lambda self: None)
+    plain = make_trainer(mini_batch_size=mini_batch_size)
+    plain_calls = count_policy_passes(plain)
+    plain_result = (plain, plain.step(QUERIES, RESPONSES, SCORES, MASKS), flat_weights(plain.model))
+    assert_same_step(plain_result, early_result)
+    # 2 epochs of 3 / mini_batch_size mini-batches, plus the no-grad experience passes of every row
+    training_passes = 2 * (3 // mini_batch_size)
+    assert plain_calls.count(True) == training_passes and early_calls.count(True) == training_passes
+    assert plain_calls.count(False) == 3 // mini_batch_size
+    assert early_calls.count(False) == 3 // mini_batch_size - 1  # one mini-batch's pass did both jobs
+
+
+class DrawsInRewards(PPOTrainer):
+    def compute_rewards(self, *args):
+        np.random.rand()  # consumes the global RNG between the experience passes and the first epoch
+        return super().compute_rewards(*args)
+
+
+def test_first_minibatch_pass_is_dropped_when_the_rng_moved_on(monkeypatch):
+    np.random.seed(3)
+    peeked = np.random.permutation(3)  # the first mini-batch the experience passes expect
+    np.random.seed(3)
+    np.random.rand()
+    assert np.random.permutation(3)[0] != peeked[0]  # the one `_optimise` draws after compute_rewards drew
+    results, passes = [], []
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(PPOTrainer, "_first_minibatch_rows", lambda self: None)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="No dataset is provided")
+            trainer = DrawsInRewards(PPOConfig(batch_size=3, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3), make_model())
+        calls = count_policy_passes(trainer)
+        np.random.seed(3)
+        results.append((trainer, trainer.step(QUERIES, RESPONSES, SCORES, MASKS), flat_weights(trainer.model)))
+        passes.append(calls)
+    assert passes[0].count(True) == 1 + 3 and passes[0].count(False) == 2  # early pass ran, then was not used
+    assert passes[1].count(True) == 3 and passes[1].count(False) == 3
+    assert_same_step(results[1], results[0])

@@ -267,22 +267,27 @@ def test_tool_token_logprobs_get_no_gradient():
     mask = torch.tensor([1, 1, 0, 0, 0, 1, 1], dtype=torch.float)
     packed = packed_batch(trainer, queries, responses, [mask])
     with torch.no_grad():
-        old_logprobs, ref_logprobs, old_values = trainer._windowed_experience_forward(packed)
+        old_logprobs, ref_logprobs, old_values, _ = trainer._windowed_experience_forward(packed)
     from textenv.ppo import core
 
     kls = old_logprobs - ref_logprobs
     rewards, _ = core.compute_rewards(torch.tensor([1.0]), kls, packed.masks, 0.2)
     values, advantages, returns = core.compute_advantages(old_values, rewards, packed.masks)
-    logits, vpreds, window = trainer._forward_window(trainer.model, packed)
-    logits.retain_grad()
-    logprobs = trainer._place(core.selective_logprobs(logits, trainer._labels(packed, window)), window, packed.num_positions)
-    loss, _, _ = core.ppo_loss(old_logprobs, values, logprobs, vpreds, torch.zeros_like(logprobs), packed.masks,
-                               advantages, returns, 0.2, 0.2, 0.1)
-    loss.backward()
-    grad_per_position = logits.grad.abs().sum(-1)[0]  # [W]
-    window_mask = packed.masks[0, window]
-    assert (grad_per_position[window_mask == 0] == 0).all()
-    assert (grad_per_position[window_mask == 1] > 0).all()
+    from textenv.ppo.windowed_forward import kept_logprobs, response_positions
+
+    rows, positions = response_positions(packed)
+    with trainer._packed_scope(trainer.model, packed) as layout:
+        logits, vpreds = trainer._forward_kept(trainer.model, packed, rows, positions, layout)
+        logits.retain_grad()
+        logprobs = trainer._place(kept_logprobs(logits, trainer._labels(packed, rows, positions)), rows, positions, packed)
+        loss, _, _ = core.ppo_loss(old_logprobs, values, logprobs, vpreds, torch.zeros_like(logprobs), packed.masks,
+                                   advantages, returns, 0.2, 0.2, 0.1)
+        loss.backward()
+    grad_per_position = logits.grad.abs().sum(-1)  # [K]: the response positions in order
+    assert torch.equal(positions, torch.arange(int(packed.starts[0]), int(packed.ends[0])))
+    trainable = packed.masks[0, positions]
+    assert (grad_per_position[trainable == 0] == 0).all()
+    assert (grad_per_position[trainable == 1] > 0).all()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,7 +302,7 @@ def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenize
         trainer = make_trainer(tokenizer=tokenizer, batch_size=3, mini_batch_size=mini_batch_size)
         packed = packed_batch(trainer, queries, responses, masks)
         with torch.no_grad():
-            outputs = trainer._windowed_experience_forward(packed)
+            outputs = trainer._windowed_experience_forward(packed)[:3]
         results.append((packed.masks, outputs))
     # a different padding: every row on its own (no padding at all)
     trainer = make_trainer(tokenizer=tokenizer, batch_size=1, mini_batch_size=1)
@@ -305,7 +310,7 @@ def test_batched_forward_pass_independent_of_padding_and_minibatch_size(tokenize
     for q, r, m in zip(queries, responses, masks):
         packed = packed_batch(trainer, [q], [r], [m])
         with torch.no_grad():
-            logprobs, _, values = trainer._windowed_experience_forward(packed)
+            logprobs, _, values, _ = trainer._windowed_experience_forward(packed)
         single.append((logprobs[0][packed.masks[0].bool()], values[0][packed.masks[0].bool()]))
 
     (mask_a, out_a), (mask_b, out_b) = results

@@ -7,7 +7,7 @@ function that runs it. Add one with `@subcommand("name", help=...)` on a ``run(a
 
     textenv rollout   --model M --dataset rows.jsonl --gym_env NAME --max_turns N --output completions.jsonl
     textenv train-gym --model M --dataset rows.jsonl --gym_env NAME --steps S --output completions.jsonl
-    textenv demo      [--quick] [--budget-minutes M] [--output-dir DIR]
+    textenv demo      [--quick] [--budget-minutes M] [--output-dir DIR] [--mixed-precision bf16]
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def add_gym_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_length", type=int, default=None, help="end an episode once its context has this many tokens")
     parser.add_argument("--batch_size", type=int, default=16, help="episodes generated together")
     parser.add_argument("--max_concurrency", type=int, default=64, help="episodes alive at once")
+    parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default="no", help="'bf16': decode (and train) in bf16 autocast, weights float32")
     parser.add_argument("--step_timeout", type=float, default=60.0, help="seconds an env reset/step/close may take")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
@@ -132,6 +133,7 @@ def _scheduler(args: argparse.Namespace, model, tokenizer):
         step_timeout=args.step_timeout,
         max_length=args.max_length,
         external_plugins=args.external_plugins,
+        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
     )
 
 
@@ -183,6 +185,7 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
         init_kl_coef=args.init_kl_coef,
         lora=False,
         value_head_init_std=0.0,
+        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
     )
     torch.manual_seed(args.seed)
     model, tokenizer = build_policy(settings)

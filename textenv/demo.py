@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop training early so that the whole demo, final evaluation included, fits in this many minutes "
         "(0 = no limit; default: %(default)s)",
     )
+    parser.add_argument(
+        "--mixed-precision", choices=["no", "bf16"], default="no",
+        help="'bf16': rollouts and PPO steps in bf16 autocast, weights float32 (default: %(default)s)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -63,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def demo_settings(args: argparse.Namespace) -> training.Settings:
     """The fixed demo settings, or the quick ones with `--quick` / `TEXTENV_SMALL=1`."""
     quick = args.quick or os.environ.get(SMALL_ENV_VAR, "") not in ("", "0")
-    return replace(QUICK_SETTINGS if quick else DEMO_SETTINGS, model=args.model)
+    mixed_precision = None if args.mixed_precision == "no" else args.mixed_precision
+    return replace(QUICK_SETTINGS if quick else DEMO_SETTINGS, model=args.model, mixed_precision=mixed_precision)
 
 
 def measure(env, queries: list[str], answers: list[float], label: str) -> dict[str, training.Evaluation]:
@@ -91,7 +96,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
     print(
         f"training: {steps_run} of {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
-        f"init_kl_coef {settings.init_kl_coef}"
+        f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}"
     )
     print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     print(f"reward curve: {curve}")

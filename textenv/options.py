@@ -33,6 +33,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, defaults: Settings, 
     parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
     parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode: tool call, then answer (default: %(default)s)")
+    parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no", help="'bf16': PPO step and rollout in bf16 autocast, weights float32 (default: %(default)s)")
     parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
     parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
@@ -57,4 +58,5 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_new_tokens=args.max_new_tokens,
         max_turns=args.max_turns,
         generation_batch_size=args.batch_size,
+        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
     )

@@ -62,6 +62,9 @@ class TextEnvironment:
             generation engine; `"lockstep"` runs legacy TRL's order through `self.generate` (every active
             episode's turn, then every tool call). `None` (default): continuous, unless `generate` is
             overridden (a subclass, or patched as legacy tests do), which then runs in lockstep with a warning.
+        mixed_precision (`str`, *optional*): `"bf16"` (or `"fp16"`) decodes under `torch.autocast` in that
+            dtype (opt-in: greedy episodes can differ from float32 ones; for GPUs, on CPU it measured slower,
+            see [`GenerationEngine`]); `None` (default): the model's dtype.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class TextEnvironment:
         batch_size: int = 32,
         tool_timeout: float | None = None,
         turn_order: str | None = None,
+        mixed_precision: str | None = None,
     ):
         if model is None or tokenizer is None:
             raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
@@ -112,7 +116,7 @@ class TextEnvironment:
         if self.is_encoder_decoder:
             raise NotImplementedError("TextEnvironment supports decoder-only (causal) language models.")
         self.current_device = model_device(model)
-        self._engine = GenerationEngine(model, tokenizer, batch_size=batch_size)
+        self._engine = GenerationEngine(model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision)
 
     # ------------------------------------------------------------------ episodes
     def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:

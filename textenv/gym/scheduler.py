@@ -16,7 +16,7 @@ import torch
 
 from textenv.asyncio_bridge import run_sync
 from textenv.checks import check_positive_int
-from textenv.engine.engine import Completion, GenerationEngine
+from textenv.engine.engine import Completion, GenerationEngine, autocast_dtype
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
 from textenv.gym.chat import ChatRenderer
@@ -69,6 +69,8 @@ class GymScheduler:
         policy (`Callable`, *optional*): ``policy(contexts, stop_strings) -> list[Completion]`` used
             instead of the model (e.g. `ScriptedPolicy` for testing envs).
         external_plugins (`str` or `list`, *optional*): plugin files to load (see `load_plugins`).
+        mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"`: decode under `torch.autocast` in that dtype
+            (opt-in, see [`GenerationEngine`]); `None` (default): the model's dtype.
 
     Attributes:
         stats (`RunStats`): counters of the last run.
@@ -91,6 +93,7 @@ class GymScheduler:
         stop_strings: Sequence[str] = (),
         policy: Optional[Policy] = None,
         external_plugins: Union[str, Path, Sequence[Union[str, Path]], None] = None,
+        mixed_precision: Optional[str] = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -111,6 +114,8 @@ class GymScheduler:
         self.max_length = max_length
         self.stop_strings = tuple(stop_strings)
         self.policy = policy
+        self.mixed_precision = mixed_precision
+        autocast_dtype(mixed_precision)  # a bad value fails here, not at the first turn
         self.renderer = ChatRenderer(tokenizer)
         self.stats = RunStats()
         self._engine: Optional[GenerationEngine] = None
@@ -126,7 +131,7 @@ class GymScheduler:
 
     def _engine_for_call(self) -> GenerationEngine:
         if self._engine is None:
-            self._engine = GenerationEngine(self.model, self.tokenizer, batch_size=self.batch_size)
+            self._engine = GenerationEngine(self.model, self.tokenizer, batch_size=self.batch_size, mixed_precision=self.mixed_precision)
         self._engine.model = self.model
         self._engine.generation_kwargs = self.generation_kwargs
         self._engine.batch_size = self.batch_size

@@ -27,16 +27,19 @@ class PPOConfig:
     ``forward_batch_size`` is copied to ``mini_batch_size`` and ``optimize_cuda_cache`` to
     ``optimize_device_cache`` (legacy TRL silently ignored the latter).
 
-    ``share_prompt_prefix`` (textenv only, default True): rows of a mini-batch that start with the same
-    prompt are packed into one sequence so the prompt runs through the model once, forward and backward
-    (same losses to float rounding; see `textenv.ppo.shared_prefix`). Set it to False to run every row in
-    full, as legacy TRL did. ``step_in_backward`` (textenv only, opt-in, default False): with the trainer's
+    ``share_prompt_prefix`` (textenv only, default True): the rows of a mini-batch run packed into one sequence
+    of real tokens, without padding, and a prompt prefix they share runs through the model once, forward and
+    backward (same losses to float rounding; see `textenv.ppo.packing`). Set it to False to run the padded
+    rows, as legacy TRL did. ``step_in_backward`` (textenv only, opt-in, default False): with the trainer's
     own optimizer on one process and no ``max_grad_norm`` or gradient accumulation, each parameter is updated
     as soon as backward completes its gradient, so the gradients of the whole model never exist at once (same
     update, less peak memory; see `textenv.ppo.step_in_backward`). A user can tell: after ``step`` the
     parameters have no ``.grad``, which legacy code and tests inspect, hence opt-in. ``offload_reference`` (textenv only): keep the reference
     copy the trainer makes in a snapshot file, memory-mapped only during its forward pass (same outputs; see
     `textenv.ppo.offloaded_reference`); ``None`` (default) does so on CPU for models of 256 MiB or more.
+    Mixed precision (opt-in): ``accelerator_kwargs={"mixed_precision": "bf16"}`` runs every forward and backward
+    pass of the step (reference included) under bf16 autocast, on CPU too; weights, gradients and optimizer
+    state stay float32.
 
     Derived fields set in ``__post_init__``: ``backward_batch_size = mini_batch_size *
     gradient_accumulation_steps`` and ``total_ppo_epochs = ceil(steps / batch_size)``; the trainer fills in

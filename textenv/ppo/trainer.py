@@ -4,8 +4,8 @@
 ``prepare_model_inputs``, ``batched_forward_pass``, ``compute_rewards`` (-> ``_kl_penalty``),
 ``compute_advantages``, ``train_minibatch`` (-> ``loss``), ``_early_stop`` and ``record_step_stats``. When a
 subclass keeps the forward-pass methods as they are (``batched_forward_pass``, ``train_minibatch``, ``loss``),
-`step` computes the same values on the faster path of `textenv.ppo.windowed_forward` (LM head on the response
-window, shared prompts packed). The optimizer is a fused Adam where torch has one; on CPU the reference copy lives
+`step` computes the same values on the faster path of `textenv.ppo.windowed_forward` (rows packed without
+padding, LM head on response positions). The optimizer is a fused Adam where torch has one; on CPU the reference copy lives
 in a memory-mapped file (`offloaded_reference`); ``PPOConfig.step_in_backward`` (opt-in) steps each parameter
 during backward.
 """
@@ -209,7 +209,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         model_inputs = self._pad_across_processes(self.prepare_model_inputs(queries, responses))
         legacy_forward = self._runs_legacy_forward()
         with torch.no_grad():
-            logprobs, ref_logprobs, values, masks, packed, kl_inputs = self._experience_forward(
+            logprobs, ref_logprobs, values, masks, packed, kl_inputs, policy_pass = self._experience_forward(
                 queries, responses, response_masks, model_inputs, legacy_forward
             )
         timing["time/ppo/forward_pass"] = time.time() - t
@@ -226,7 +226,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         t = time.time()
         experience = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
                    "logprobs": logprobs.float(), "values": values.float(), "masks": masks,
-                   "advantages": advantages, "returns": returns}
+                   "advantages": advantages, "returns": returns, "policy_pass": policy_pass}
         all_stats = self._optimise(experience, legacy_forward)
         timing["time/ppo/optimize_step"] = time.time() - t
 
@@ -256,27 +256,27 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         """The no-grad passes of the policy and the reference over the whole batch.
 
         Returns:
-            `(logprobs, ref_logprobs, values, masks, packed, kl_inputs)`: `[B, T]` tensors, the windowed path's
-            [`PackedBatch`] (``None`` on the legacy path) and the two arguments `compute_rewards` compares (full
-            `[B, T, V]` log-probabilities for ``kl_penalty="full"``).
+            `(logprobs, ref_logprobs, values, masks, packed, kl_inputs, policy_pass)`: `[B, T]` tensors, the windowed
+            path's [`PackedBatch`] (``None`` on the legacy path), the two arguments `compute_rewards` compares (full
+            `[B, T, V]` log-probabilities for ``kl_penalty="full"``) and the first training mini-batch's forward
+            pass when it ran here (see `_first_minibatch_rows`).
         """
         full_kl = self.config.kl_penalty == "full"
         if not legacy_forward:
             packed = pack_batch(queries, responses, response_masks, model_inputs["input_ids"], model_inputs["attention_mask"])
-            logprobs, ref_logprobs, values = self._windowed_experience_forward(packed)
-            return logprobs, ref_logprobs, values, packed.masks, packed, (logprobs, ref_logprobs)
+            logprobs, ref_logprobs, values, policy_pass = self._windowed_experience_forward(packed, self._first_minibatch_rows())
+            return logprobs, ref_logprobs, values, packed.masks, packed, (logprobs, ref_logprobs), policy_pass
         logprobs, logits, values, masks = self.batched_forward_pass(
             self.model, queries, responses, model_inputs, response_masks=response_masks, return_logits=full_kl
         )
-        with self._reference_context() as reference:
+        with self._reference_context() as reference, self.accelerator.autocast():  # an unprepared copy: not autocast itself
             ref_logprobs, ref_logits, _, _ = self.batched_forward_pass(
                 reference, queries, responses, model_inputs, return_logits=full_kl
             )
         kl_inputs = (logprobs, ref_logprobs)
         if full_kl:
             kl_inputs = (core.logprobs_from_logits(logits, None, gather=False), core.logprobs_from_logits(ref_logits, None, gather=False))
-        return logprobs, ref_logprobs, values, masks, None, kl_inputs
-
+        return logprobs, ref_logprobs, values, masks, None, kl_inputs, None
     def _runs_legacy_forward(self) -> bool:
         """Whether `step` must run `batched_forward_pass` / `train_minibatch` / `loss` themselves (overridden, or
         full-width logits needed) rather than their windowed equivalent."""
@@ -291,8 +291,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         return name in vars(self) or getattr(type(self), name) is not _BUILTIN_METHODS[name]
 
     def _vocab_size(self) -> int | None:
-        embeddings = self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings()
-        return getattr(embeddings, "num_embeddings", None)
+        return getattr(self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings(), "num_embeddings", None)
 
     def _push_if_best(self, scores: torch.Tensor) -> None:
         kwargs = self.config.push_to_hub_if_best_kwargs
@@ -326,9 +325,12 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
     def _train_rows(self, experience: dict, rows: np.ndarray, legacy_forward: bool) -> dict:
         index = torch.as_tensor(rows, device=experience["masks"].device)
         old = {key: experience[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
+        policy_pass = experience.pop("policy_pass", None)  # only the first mini-batch can use it
+        if policy_pass is not None and not np.array_equal(policy_pass.rows, rows):
+            policy_pass = None
         if not legacy_forward:
             return self._windowed_train_minibatch(
-                experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"]
+                experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"], policy_pass
             )
         queries = [experience["queries"][row] for row in rows]
         responses = [experience["responses"][row] for row in rows]

@@ -13,6 +13,8 @@ from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
 
 VALUE_HEAD_KWARGS = ("summary_dropout_prob", "v_head_initializer_range", "v_head_init_strategy")
 # Config attributes that change the logits after the LM head; such models take the generic forward path.
+# Keyword arguments the decoder body passes down to its attention layers (PPO's packed rows, see `textenv.ppo.packing`).
+_BODY_KWARGS = {"packed_rows"}
 _LOGIT_POSTPROCESSING_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -136,11 +138,11 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
     ) -> tuple:
         """Returns ``(lm_logits, loss, value)`` (+ ``past_key_values`` if ``return_past_key_values``).
 
-        ``attention_mask`` may be a prepared 4-D mask (with ``position_ids``), as PPO passes for rows packed
-        around a shared prompt prefix (see `textenv.ppo.shared_prefix`).
+        ``attention_mask`` may be a prepared 4-D mask (with ``position_ids``); ``packed_rows`` (with
+        ``position_ids``) runs rows packed into one sequence, as PPO does (see `textenv.ppo.packing`).
         """
-        if logits_to_keep is not None and self._simple_lm_head and not kwargs and past_key_values is None:
-            return self._forward_kept_logits(input_ids, attention_mask, position_ids, logits_to_keep)
+        if logits_to_keep is not None and self._simple_lm_head and set(kwargs) <= _BODY_KWARGS and past_key_values is None:
+            return self._forward_kept_logits(input_ids, attention_mask, position_ids, logits_to_keep, **kwargs)
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = as_index(logits_to_keep, input_ids.shape[1], input_ids.device)
         kwargs["output_hidden_states"] = True
@@ -159,7 +161,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
             return logits, output.loss, value, output.past_key_values
         return logits, output.loss, value
 
-    def _forward_kept_logits(self, input_ids, attention_mask, position_ids, logits_to_keep) -> tuple:
+    def _forward_kept_logits(self, input_ids, attention_mask, position_ids, logits_to_keep, **body_kwargs) -> tuple:
         # One pass through the decoder body; the value head sees every position, the LM head only the kept ones.
         causal_lm = self.causal_lm
         body = getattr(causal_lm, causal_lm.base_model_prefix)
@@ -169,7 +171,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
             # A sparse gradient for the lookup: autograd adds its few rows to the LM head's dense gradient of the
             # same tied matrix, instead of zero-filling a second dense [V, H] gradient first.
             inputs = {"inputs_embeds": nn.functional.embedding(input_ids, embedding.weight, embedding.padding_idx, sparse=True)}
-        hidden = body(attention_mask=attention_mask, position_ids=position_ids, **inputs).last_hidden_state  # [B, T, H]
+        hidden = body(attention_mask=attention_mask, position_ids=position_ids, **inputs, **body_kwargs).last_hidden_state  # [B, T, H]
         value = self.v_head(hidden.to(self.v_head.summary.weight.device)).squeeze(-1)  # [B, T]
         kept = hidden[:, logits_to_keep] if isinstance(logits_to_keep, slice) else hidden[
             :, as_index(logits_to_keep, hidden.shape[1], hidden.device)

@@ -1,127 +1,207 @@
 """The fast forward passes of a PPO step, used when nothing a user can observe depends on full-width logits.
 
-Legacy TRL ran every row in full and kept `[B, L, V]` logits. Here one pass gives policy log-probabilities and
-values, the LM head runs only on the response window of each mini-batch, log-probabilities are gathered without a
-full log-softmax, and rows that share a prompt run it once (`shared_prefix`). The results equal
-``PPOTrainer.batched_forward_pass``'s on every response position; outside the responses the log-probabilities
-are 0 (see the README's porting notes). `PPOTrainer.step` takes this path unless a subclass overrides
-``batched_forward_pass``, ``train_minibatch`` or ``loss``, the model is an encoder-decoder, or
-``kl_penalty="full"`` (which needs full logits).
+Legacy TRL ran every padded row in full and kept `[B, L, V]` logits. Here the rows of a mini-batch run as one
+packed sequence of real tokens with a shared prompt prefix once (`packing`), one pass gives policy
+log-probabilities and values, the LM head runs only on the response positions, and log-probabilities are
+gathered without a full log-softmax. The results equal ``PPOTrainer.batched_forward_pass``'s on every response
+position; outside the responses the log-probabilities are 0 (see the README's porting notes). `PPOTrainer.step`
+takes this path unless a subclass overrides ``batched_forward_pass``, ``train_minibatch`` or ``loss``, the model
+is an encoder-decoder, or ``kl_penalty="full"`` (which needs full logits). Models that cannot run packed (see
+`packing.supports_packing`) and ``PPOConfig(share_prompt_prefix=False)`` run the padded rows, cropped to their
+real columns, with the LM head on the response window.
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from textenv.ppo import core, shared_prefix
+from textenv.ppo import core, packing
 from textenv.ppo.batch import PackedBatch
-from textenv.ppo.shared_prefix import PrefixPacking
+
+LOGIT_CHUNK = 64  # positions per vocabulary-sized temporary in log-softmax statistics
 
 
-def _rowwise_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """`[b, W, V]` -> `[b, W]` entropy, one row at a time to bound the temporary softmax."""
-    return torch.stack([core.entropy_from_logits(row.float()) for row in logits])
+@dataclass
+class PolicyPass:
+    """A training forward pass of the policy on some rows, with its autograd graph.
+
+    Attributes:
+        rows: the batch rows it ran on (``None``: a mini-batch of the training loop).
+        logprobs / entropy / values: `[b, L - 1]`; ``logprobs`` and ``values`` carry gradients.
+    """
+
+    rows: np.ndarray | None
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor
+
+
+def _chunks(rows, size: int, device) -> list[torch.Tensor]:
+    rows = list(rows)
+    return [torch.as_tensor(rows[begin : begin + size], device=device) for begin in range(0, len(rows), size)]
+
+
+def response_positions(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rows, positions)`, each `[K]`: every logprob position that predicts a response token."""
+    lengths = batch.ends - batch.starts  # [b]
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    offsets = torch.arange(int(lengths.sum()), device=lengths.device) - torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    return rows, batch.starts[rows] + offsets
+
+
+def kept_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`[K, V]` logits, `[K]` labels -> `[K]` log-probabilities, ``logit[label] - logsumexp(logits)``."""
+    picked = logits.gather(-1, labels[:, None]).squeeze(-1)
+    normalisers = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(LOGIT_CHUNK)])
+    return picked - normalisers
+
+
+def kept_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """`[K, V]` -> `[K]` entropy of each position's softmax (no gradient), a chunk at a time."""
+    with torch.no_grad():
+        return torch.cat([_entropy(chunk.float()) for chunk in logits.split(LOGIT_CHUNK)])
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(logits, dim=-1) - (F.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
 
 class WindowedForwardMixin:
-    """Forward passes on the response window of a [`PackedBatch`] (methods of [`PPOTrainer`])."""
+    """Forward passes on the response positions of a [`PackedBatch`] (methods of [`PPOTrainer`])."""
 
-    def _forward_window(self, model, batch: PackedBatch):
-        """One forward pass on the real tokens of ``batch`` with the LM head on the response window.
+    def _forward_kept(self, model, batch: PackedBatch, rows: torch.Tensor, positions: torch.Tensor, layout=None):
+        """One forward pass on the real tokens of ``batch`` with the LM head on the given logprob positions only.
+
+        Args:
+            layout: the [`packing.PackedRows`] that `_packed_scope` yields (``None``: run the padded rows).
 
         Returns:
-            `(logits, values, window)`: ``logits`` `[b, W, V]` for logprob positions ``window``
-            (``slice(w0, w1)`` in full-batch coordinates), ``values`` `[b, L - 1]` (zero on padding that
-            did not run through the model).
+            `(logits, values)`: ``logits`` `[K, V]` of the positions ``(rows, positions)``, ``values``
+            `[b, L - 1]` (zero on padding).
         """
-        window = slice(int(batch.starts.min()), int(batch.ends.max()))
-        packing, mask_format = self._prefix_packing(model, batch)
-        if packing is not None:
-            return self._forward_packed(model, batch, packing, mask_format, window)
-        col0, col1 = int(batch.first_token.min()), int(batch.last_token.max())
-        input_ids = batch.input_ids[:, col0:col1]
-        attention_mask = batch.attention_mask[:, col0:col1]
-        with self.accelerator.autocast():
-            logits, _, values = model(
-                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(window.start - col0, window.stop - col0)
-            )
         num_positions = batch.num_positions
-        values = F.pad(values.float(), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
-        return logits, values, window
-
-    def _prefix_packing(self, model, batch: PackedBatch) -> tuple[PrefixPacking | None, str | None]:
-        if not self.config.share_prompt_prefix:
-            return None, None
-        mask_format = shared_prefix.mask_format(self.accelerator.unwrap_model(model).config)
-        if mask_format is None:
-            return None, None
-        return shared_prefix.plan_prefix_packing(batch.input_ids, batch.attention_mask), mask_format
-
-    def _forward_packed(self, model, batch: PackedBatch, packing: PrefixPacking, mask_format: str, window: slice):
-        """`_forward_window` on the rows packed around their shared prompt prefix (same outputs)."""
-        num_rows, num_positions = batch.input_ids.shape[0], batch.num_positions
-        dtype = next(self.accelerator.unwrap_model(model).parameters()).dtype
-        kept = packing.token_index[:, window]  # [b, W] packed index of each window position
+        if layout is not None:
+            with self.accelerator.autocast():
+                logits, _, values = model(
+                    input_ids=layout.input_ids, position_ids=layout.position_ids,
+                    logits_to_keep=layout.token_index[rows, positions], packed_rows=layout,
+                )
+            values = values.float()[0, layout.token_index[:, :num_positions]] * layout.real_tokens[:, :num_positions]
+            return logits[0], values
+        col0, col1 = int(batch.first_token.min()), int(batch.last_token.max())
+        window = slice(int(positions.min()) - col0, int(positions.max()) + 1 - col0)
         with self.accelerator.autocast():
             logits, _, values = model(
-                input_ids=packing.input_ids,
-                attention_mask=packing.attention_mask(mask_format, dtype),
-                position_ids=packing.position_ids,
-                logits_to_keep=kept.reshape(-1),
+                input_ids=batch.input_ids[:, col0:col1], attention_mask=batch.attention_mask[:, col0:col1], logits_to_keep=window
             )
-        logits = logits.view(num_rows, kept.shape[1], -1)  # [b, W, V]
-        index = packing.token_index[:, :num_positions]
-        values = values.float()[0, index] * packing.real_tokens[:, :num_positions]  # [b, L - 1]
-        return logits, values, window
+        values = F.pad(values.float(), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
+        return logits[rows, positions - col0 - window.start], values
 
-    def _labels(self, batch: PackedBatch, window: slice) -> torch.Tensor:
-        return batch.input_ids[:, window.start + 1 : window.stop + 1]  # [b, W]
+    @contextlib.contextmanager
+    def _packed_scope(self, model, batch: PackedBatch):
+        """Yield ``batch``'s packed layout (``None`` unless ``share_prompt_prefix`` and the model allow packing);
+        inside, the model's attention runs per packed segment, forward and backward."""
+        causal_lm = getattr(self.accelerator.unwrap_model(model), "causal_lm", None)
+        layout = None
+        if self.config.share_prompt_prefix and causal_lm is not None and packing.supports_packing(causal_lm):
+            layout = packing.plan_packing(batch.input_ids, batch.attention_mask)
+        if layout is None:
+            yield None
+            return
+        with packing.packed_attention(causal_lm.config):
+            yield layout
 
-    def _place(self, window_values: torch.Tensor, window: slice, num_positions: int) -> torch.Tensor:
-        """`[b, W]` values of the window -> `[b, L - 1]`, zero outside the window."""
-        return F.pad(window_values, (window.start, num_positions - window.stop))
+    def _labels(self, batch: PackedBatch, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return batch.input_ids[rows, positions + 1]  # [K]
 
-    def _windowed_experience_forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """No-grad passes of the policy and the reference, one mini-batch at a time.
+    def _place(self, kept_values: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        """`[K]` values of the kept positions -> `[b, L - 1]`, zero elsewhere."""
+        placed = torch.zeros(batch.input_ids.shape[0], batch.num_positions, dtype=kept_values.dtype, device=kept_values.device)
+        return placed.index_put((rows, positions), kept_values)
+
+    def _windowed_experience_forward(
+        self, batch: PackedBatch, early_rows: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PolicyPass | None]:
+        """No-grad passes of the reference and the policy, one mini-batch at a time.
+
+        Args:
+            early_rows: the rows of the first training mini-batch, or ``None``. Their policy pass runs with
+                gradients, exactly as that mini-batch's training pass would (the weights are still the old
+                ones), and is returned to be trained on; their old log-probabilities and values are its values.
 
         Returns:
-            `(logprobs, ref_logprobs, values)`, each `[B, L - 1]`.
+            `(logprobs, ref_logprobs, values, policy_pass)`: `[B, L - 1]` each, and the [`PolicyPass`] of
+            ``early_rows`` (``None`` without them).
         """
         chunk = self.config.mini_batch_size
-        num_positions = batch.num_positions
-        outputs = {"logprobs": [], "ref_logprobs": [], "values": []}
-        self.model.eval()
+        num_rows = batch.input_ids.shape[0]
+        logprobs = torch.zeros(num_rows, batch.num_positions, device=batch.input_ids.device)
+        ref_logprobs, values = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
+        late_rows = [row for row in range(num_rows) if early_rows is None or row not in set(early_rows.tolist())]
         with self._device_cache_guard():
-            for begin in range(0, batch.input_ids.shape[0], chunk):
-                part = batch.select(slice(begin, begin + chunk))
-                logits, values, window = self._forward_window(self.model, part)
-                labels = self._labels(part, window)
-                logprobs = core.selective_logprobs(logits, labels)
-                del logits
-                with self._reference_context() as reference:
-                    ref_logits, _, _ = self._forward_window(reference, part)
-                ref_logprobs = core.selective_logprobs(ref_logits, labels)
-                del ref_logits
-                outputs["logprobs"].append(self._place(logprobs, window, num_positions))
-                outputs["ref_logprobs"].append(self._place(ref_logprobs, window, num_positions))
-                outputs["values"].append(values)
-        return tuple(torch.cat(outputs[key]) for key in ("logprobs", "ref_logprobs", "values"))
+            with self._reference_context() as reference:
+                for index in _chunks(range(num_rows), chunk, logprobs.device):
+                    ref_logprobs[index] = self._kept_logprobs_of(reference, batch.select(index))
+            self.model.eval()
+            for index in _chunks(late_rows, chunk, logprobs.device):
+                logprobs[index], values[index] = self._kept_logprobs_of(self.model, batch.select(index), with_values=True)
+            policy_pass = None
+            if early_rows is not None:
+                index = torch.as_tensor(early_rows, device=logprobs.device)
+                part = batch.select(index)
+                with torch.enable_grad(), self._packed_scope(self.model, part) as layout:
+                    policy_pass = self._policy_pass(part, layout, early_rows)
+                logprobs[index], values[index] = policy_pass.logprobs.detach(), policy_pass.values.detach()
+        return logprobs, ref_logprobs, values, policy_pass
 
-    def _windowed_train_minibatch(self, part: PackedBatch, old_logprobs, old_values, advantages, returns) -> dict:
-        """`train_minibatch` with its forward pass on the response window: same loss, statistics and update."""
-        with self._device_cache_guard():
-            self._set_training_forward_mode()
-            num_positions = part.num_positions
-            logits, vpreds, window = self._forward_window(self.model, part)
-            logprobs = self._place(core.selective_logprobs(logits, self._labels(part, window)), window, num_positions)
-            with torch.no_grad():
-                entropy = self._place(_rowwise_entropy(logits), window, num_positions)
-            del logits
+    def _first_minibatch_rows(self) -> np.ndarray | None:
+        """The rows of the first training mini-batch, whose policy pass then runs with the experience passes (the
+        weights are still the old ones, so it gives their old log-probabilities and values too): on one process
+        without gradient accumulation. The permutation is peeked from numpy's global RNG without consuming it;
+        `_optimise` draws the same one (if something else drew in between, the early pass is dropped)."""
+        config = self.config
+        if self.is_distributed or config.gradient_accumulation_steps != 1 or config.ppo_epochs < 1:
+            return None
+        state = np.random.get_state()
+        order = np.random.permutation(config.batch_size)
+        np.random.set_state(state)
+        return order[: config.mini_batch_size]
+
+    def _kept_logprobs_of(self, model, part: PackedBatch, with_values: bool = False):
+        """`[b, L - 1]` log-probabilities of ``part``'s response tokens under ``model`` (and its values)."""
+        rows, positions = response_positions(part)
+        with self._packed_scope(model, part) as layout:
+            logits, values = self._forward_kept(model, part, rows, positions, layout)
+        logprobs = self._place(kept_logprobs(logits, self._labels(part, rows, positions)), rows, positions, part)
+        return (logprobs, values) if with_values else logprobs
+
+    def _policy_pass(self, part: PackedBatch, layout, rows: np.ndarray | None) -> PolicyPass:
+        """The training forward pass of the policy on ``part`` (inside its `_packed_scope`, gradients on)."""
+        self._set_training_forward_mode()
+        kept_rows, positions = response_positions(part)
+        logits, values = self._forward_kept(self.model, part, kept_rows, positions, layout)
+        logprobs = self._place(kept_logprobs(logits, self._labels(part, kept_rows, positions)), kept_rows, positions, part)
+        entropy = self._place(kept_entropy(logits), kept_rows, positions, part)
+        return PolicyPass(rows, logprobs, entropy, values)
+
+    def _windowed_train_minibatch(
+        self, part: PackedBatch, old_logprobs, old_values, advantages, returns, policy_pass: PolicyPass | None = None
+    ) -> dict:
+        """`train_minibatch` with its forward pass on the response positions: same loss, statistics and update.
+        ``policy_pass``: this mini-batch's forward pass, already run (see `_windowed_experience_forward`)."""
+        with self._device_cache_guard(), self._packed_scope(self.model, part) as layout:  # also for recomputation
+            if policy_pass is None:
+                policy_pass = self._policy_pass(part, layout, None)
             pg_loss, scaled_vf_loss, stats, skipped = core.ppo_losses(
-                old_logprobs, old_values, logprobs, vpreds, entropy, part.masks, advantages, returns,
-                self.config.cliprange, self.config.cliprange_value, self.config.vf_coef, self.config.ratio_threshold,
+                old_logprobs, old_values, policy_pass.logprobs, policy_pass.values, policy_pass.entropy, part.masks,
+                advantages, returns, self.config.cliprange, self.config.cliprange_value, self.config.vf_coef,
+                self.config.ratio_threshold,
             )
             if skipped:
                 self._warn_ratio_threshold(stats["policy/ratio"], part.masks)

@@ -15,7 +15,7 @@ from textenv.training.settings import Settings
 def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
     """The calculator `TextEnvironment`: the 2-shot prompt, the `Calculator` tool and the exact-match
     reward, sampling at temperature 1 with `settings.max_new_tokens` per turn and `settings.max_turns`
-    turns."""
+    turns (in `settings.mixed_precision`)."""
     return TextEnvironment(
         model,
         tokenizer,
@@ -25,6 +25,7 @@ def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEn
         max_turns=settings.max_turns,
         generation_kwargs={**SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
         batch_size=settings.generation_batch_size,
+        mixed_precision=settings.mixed_precision,
     )
 
 

@@ -46,6 +46,8 @@ class Settings:
         generation_batch_size: episodes generated together.
         eval_tasks: size of the held-out task set.
         eval_seed: seed of the held-out task set.
+        mixed_precision: `"bf16"` (or `"fp16"`): the PPO step under accelerate's mixed precision and the rollout
+            under `torch.autocast` in that dtype (weights stay float32); `None`: float32 throughout.
     """
 
     model: str = "bundled"
@@ -69,6 +71,7 @@ class Settings:
     generation_batch_size: int = 50
     eval_tasks: int = 100
     eval_seed: int = 1234
+    mixed_precision: str | None = None
 
 
 def seed_everything(seed: int, threads: int = 0) -> None:
@@ -125,6 +128,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         log_with="tensorboard" if log_dir else None,
         project_kwargs={"logging_dir": log_dir} if log_dir else {},
         tracker_project_name=name,
+        accelerator_kwargs={"mixed_precision": settings.mixed_precision} if settings.mixed_precision else {},
     )
     with warnings.catch_warnings():  # the episodes come from an episode source, not from a dataset
         warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
