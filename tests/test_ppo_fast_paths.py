@@ -389,3 +389,27 @@ def test_first_minibatch_pass_is_dropped_when_the_rng_moved_on(monkeypatch):
     assert passes[0].count(True) == 1 + 3 and passes[0].count(False) == 2  # early pass ran, then was not used
     assert passes[1].count(True) == 3 and passes[1].count(False) == 3
     assert_same_step(results[1], results[0])
+
+
+def test_experience_passes_run_without_dropout_after_a_training_step():
+    """The step leaves the policy in train mode; the next step's reference pass (the PEFT policy with its
+    adapters disabled) and policy passes must still run in eval mode, as legacy's `batched_forward_pass` did."""
+    from peft import LoraConfig
+
+    from textenv.ppo.batch import pack_batch
+
+    base = tiny_causal_lm()
+    for layer in base.model.layers:
+        layer.self_attn.attention_dropout = 0.5  # dropout that only train mode applies
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = make_trainer(model=AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=lora))
+    trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert trainer.model.training
+    inputs = trainer.prepare_model_inputs(QUERIES, RESPONSES)
+    packed = pack_batch(QUERIES, RESPONSES, MASKS, inputs["input_ids"], inputs["attention_mask"])
+    with torch.no_grad():
+        first = trainer._windowed_experience_forward(packed)[:3]
+        trainer.model.train()
+        second = trainer._windowed_experience_forward(packed)[:3]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)

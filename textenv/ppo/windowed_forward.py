@@ -143,12 +143,13 @@ class WindowedForwardMixin:
         num_rows = batch.input_ids.shape[0]
         logprobs = torch.zeros(num_rows, batch.num_positions, device=batch.input_ids.device)
         ref_logprobs, values = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
-        late_rows = [row for row in range(num_rows) if early_rows is None or row not in set(early_rows.tolist())]
+        early = set() if early_rows is None else set(early_rows.tolist())
+        late_rows = [row for row in range(num_rows) if row not in early]
+        self.model.eval()  # before the reference pass too: with PEFT the reference is this model
         with self._device_cache_guard():
             with self._reference_context() as reference:
                 for index in _chunks(range(num_rows), chunk, logprobs.device):
                     ref_logprobs[index] = self._kept_logprobs_of(reference, batch.select(index))
-            self.model.eval()
             for index in _chunks(late_rows, chunk, logprobs.device):
                 logprobs[index], values[index] = self._kept_logprobs_of(self.model, batch.select(index), with_values=True)
             policy_pass = None
