@@ -273,13 +273,13 @@ def test_tool_token_logprobs_get_no_gradient():
     kls = old_logprobs - ref_logprobs
     rewards, _ = core.compute_rewards(torch.tensor([1.0]), kls, packed.masks, 0.2)
     values, advantages, returns = core.compute_advantages(old_values, rewards, packed.masks)
-    from textenv.ppo.windowed_forward import kept_logprobs, response_positions
+    from textenv.ppo.windowed_forward import response_positions
 
     rows, positions = response_positions(packed)
     with trainer._packed_scope(trainer.model, packed) as layout:
         logits, vpreds = trainer._forward_kept(trainer.model, packed, rows, positions, layout)
         logits.retain_grad()
-        logprobs = trainer._place(kept_logprobs(logits, trainer._labels(packed, rows, positions)), rows, positions, packed)
+        logprobs = trainer._place(core.selective_logprobs(logits, trainer._labels(packed, rows, positions)), rows, positions, packed)
         loss, _, _ = core.ppo_loss(old_logprobs, values, logprobs, vpreds, torch.zeros_like(logprobs), packed.masks,
                                    advantages, returns, 0.2, 0.2, 0.1)
         loss.backward()

@@ -114,6 +114,7 @@ def add_train_gym_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _scheduler(args: argparse.Namespace, model, tokenizer):
     from textenv.gym import GymScheduler
+    from textenv.options import mixed_precision_setting
 
     generation_kwargs: Dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.temperature is not None:
@@ -133,7 +134,7 @@ def _scheduler(args: argparse.Namespace, model, tokenizer):
         step_timeout=args.step_timeout,
         max_length=args.max_length,
         external_plugins=args.external_plugins,
-        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
+        mixed_precision=mixed_precision_setting(args.mixed_precision),
     )
 
 
@@ -170,6 +171,7 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
     from textenv.gym import GymSource, load_plugins, load_rows
+    from textenv.options import mixed_precision_setting
     from textenv.training import Settings, StepLog, build_policy, build_trainer, train
 
     load_plugins(args.external_plugins)
@@ -185,7 +187,7 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
         init_kl_coef=args.init_kl_coef,
         lora=False,
         value_head_init_std=0.0,
-        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
+        mixed_precision=mixed_precision_setting(args.mixed_precision),
     )
     torch.manual_seed(args.seed)
     model, tokenizer = build_policy(settings)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from textenv import training
+from textenv.options import mixed_precision_setting
 from textenv.reporting import peak_memory_mb
 from textenv.tasks import calculator as task
 
@@ -67,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def demo_settings(args: argparse.Namespace) -> training.Settings:
     """The fixed demo settings, or the quick ones with `--quick` / `TEXTENV_SMALL=1`."""
     quick = args.quick or os.environ.get(SMALL_ENV_VAR, "") not in ("", "0")
-    mixed_precision = None if args.mixed_precision == "no" else args.mixed_precision
-    return replace(QUICK_SETTINGS if quick else DEMO_SETTINGS, model=args.model, mixed_precision=mixed_precision)
+    return replace(QUICK_SETTINGS if quick else DEMO_SETTINGS, model=args.model, mixed_precision=mixed_precision_setting(args.mixed_precision))
 
 
 def measure(env, queries: list[str], answers: list[float], label: str) -> dict[str, training.Evaluation]:

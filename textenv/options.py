@@ -58,5 +58,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_new_tokens=args.max_new_tokens,
         max_turns=args.max_turns,
         generation_batch_size=args.batch_size,
-        mixed_precision=None if args.mixed_precision == "no" else args.mixed_precision,
+        mixed_precision=mixed_precision_setting(args.mixed_precision),
     )
+
+
+def mixed_precision_setting(choice: str) -> str | None:
+    """The ``mixed_precision`` setting of a ``--mixed-precision`` choice: ``None`` for ``"no"``."""
+    return None if choice == "no" else choice

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 WHITEN_EPS = 1e-8
+LOGIT_CHUNK = 64  # positions per vocabulary-sized temporary in log-softmax statistics
 
 __all__ = [
     "AdaptiveKLController",
@@ -51,21 +52,20 @@ __all__ = [
 def selective_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[..., label]`` without materialising the full log-softmax.
 
-    Computed as ``logit[label] - logsumexp(logits)`` one row at a time, so the only vocabulary-sized
-    temporary is one row's worth.
+    Computed as ``logit[label] - logsumexp(logits)``, ``LOGIT_CHUNK`` positions at a time, so the only
+    vocabulary-sized temporary is that many positions' worth.
 
     Args:
-        logits: `[B, T, V]` float tensor.
-        labels: `[B, T]` token ids.
+        logits: `[..., V]` float tensor (`[B, T, V]`, or `[K, V]` for selected positions).
+        labels: `[...]` token ids.
 
     Returns:
-        `[B, T]` log-probabilities in the dtype of ``logits``.
+        `[...]` log-probabilities in the dtype of ``logits``.
     """
-    rows = []
-    for row_logits, row_labels in zip(logits, labels):  # [T, V], [T]
-        picked = row_logits.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1)  # [T]
-        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
-    return torch.stack(rows)
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # [N, V]
+    picked = flat_logits.gather(-1, labels.reshape(-1, 1)).squeeze(-1)  # [N]
+    normalisers = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in flat_logits.split(LOGIT_CHUNK)])
+    return (picked - normalisers).reshape(labels.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

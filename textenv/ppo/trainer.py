@@ -277,6 +277,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         if full_kl:
             kl_inputs = (core.logprobs_from_logits(logits, None, gather=False), core.logprobs_from_logits(ref_logits, None, gather=False))
         return logprobs, ref_logprobs, values, masks, None, kl_inputs, None
+
     def _runs_legacy_forward(self) -> bool:
         """Whether `step` must run `batched_forward_pass` / `train_minibatch` / `loss` themselves (overridden, or
         full-width logits needed) rather than their windowed equivalent."""
@@ -291,7 +292,8 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         return name in vars(self) or getattr(type(self), name) is not _BUILTIN_METHODS[name]
 
     def _vocab_size(self) -> int | None:
-        return getattr(self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings(), "num_embeddings", None)
+        embeddings = self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings()
+        return getattr(embeddings, "num_embeddings", None)
 
     def _push_if_best(self, scores: torch.Tensor) -> None:
         kwargs = self.config.push_to_hub_if_best_kwargs
@@ -325,9 +327,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
     def _train_rows(self, experience: dict, rows: np.ndarray, legacy_forward: bool) -> dict:
         index = torch.as_tensor(rows, device=experience["masks"].device)
         old = {key: experience[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
-        policy_pass = experience.pop("policy_pass", None)  # only the first mini-batch can use it
-        if policy_pass is not None and not np.array_equal(policy_pass.rows, rows):
-            policy_pass = None
+        policy_pass = self._take_policy_pass(experience, rows)
         if not legacy_forward:
             return self._windowed_train_minibatch(
                 experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"], policy_pass

@@ -24,9 +24,6 @@ from torch import nn
 from textenv.ppo import core, packing
 from textenv.ppo.batch import PackedBatch
 
-LOGIT_CHUNK = 64  # positions per vocabulary-sized temporary in log-softmax statistics
-
-
 @dataclass
 class PolicyPass:
     """A training forward pass of the policy on some rows, with its autograd graph.
@@ -55,21 +52,10 @@ def response_positions(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, batch.starts[rows] + offsets
 
 
-def kept_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """`[K, V]` logits, `[K]` labels -> `[K]` log-probabilities, ``logit[label] - logsumexp(logits)``."""
-    picked = logits.gather(-1, labels[:, None]).squeeze(-1)
-    normalisers = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(LOGIT_CHUNK)])
-    return picked - normalisers
-
-
 def kept_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """`[K, V]` -> `[K]` entropy of each position's softmax (no gradient), a chunk at a time."""
+    """`[K, V]` -> `[K]` entropy of each position's softmax (no gradient), ``core.LOGIT_CHUNK`` positions at a time."""
     with torch.no_grad():
-        return torch.cat([_entropy(chunk.float()) for chunk in logits.split(LOGIT_CHUNK)])
-
-
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    return torch.logsumexp(logits, dim=-1) - (F.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        return torch.cat([core.entropy_from_logits(chunk.float()) for chunk in logits.split(core.LOGIT_CHUNK)])
 
 
 class WindowedForwardMixin:
@@ -174,22 +160,31 @@ class WindowedForwardMixin:
         np.random.set_state(state)
         return order[: config.mini_batch_size]
 
+    def _take_policy_pass(self, experience: dict, rows: np.ndarray) -> PolicyPass | None:
+        """The early pass of `_windowed_experience_forward`, taken out of ``experience`` (only the first
+        mini-batch can use it), if ``rows`` are the rows it ran on."""
+        policy_pass = experience.pop("policy_pass", None)
+        return policy_pass if policy_pass is not None and np.array_equal(policy_pass.rows, rows) else None
+
+    def _response_pass(self, model, part: PackedBatch, layout):
+        """``model`` on ``part`` (inside its `_packed_scope`): `(logits, logprobs, values, rows, positions)`,
+        ``logits`` `[K, V]` of the response positions ``(rows, positions)``, ``logprobs`` and ``values`` `[b, L - 1]`."""
+        rows, positions = response_positions(part)
+        logits, values = self._forward_kept(model, part, rows, positions, layout)
+        logprobs = self._place(core.selective_logprobs(logits, self._labels(part, rows, positions)), rows, positions, part)
+        return logits, logprobs, values, rows, positions
+
     def _kept_logprobs_of(self, model, part: PackedBatch, with_values: bool = False):
         """`[b, L - 1]` log-probabilities of ``part``'s response tokens under ``model`` (and its values)."""
-        rows, positions = response_positions(part)
         with self._packed_scope(model, part) as layout:
-            logits, values = self._forward_kept(model, part, rows, positions, layout)
-        logprobs = self._place(kept_logprobs(logits, self._labels(part, rows, positions)), rows, positions, part)
+            _, logprobs, values, _, _ = self._response_pass(model, part, layout)
         return (logprobs, values) if with_values else logprobs
 
     def _policy_pass(self, part: PackedBatch, layout, rows: np.ndarray | None) -> PolicyPass:
         """The training forward pass of the policy on ``part`` (inside its `_packed_scope`, gradients on)."""
         self._set_training_forward_mode()
-        kept_rows, positions = response_positions(part)
-        logits, values = self._forward_kept(self.model, part, kept_rows, positions, layout)
-        logprobs = self._place(kept_logprobs(logits, self._labels(part, kept_rows, positions)), kept_rows, positions, part)
-        entropy = self._place(kept_entropy(logits), kept_rows, positions, part)
-        return PolicyPass(rows, logprobs, entropy, values)
+        logits, logprobs, values, kept_rows, positions = self._response_pass(self.model, part, layout)
+        return PolicyPass(rows, logprobs, self._place(kept_entropy(logits), kept_rows, positions, part), values)
 
     def _windowed_train_minibatch(
         self, part: PackedBatch, old_logprobs, old_values, advantages, returns, policy_pass: PolicyPass | None = None
