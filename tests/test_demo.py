@@ -28,6 +28,20 @@ def test_quick_demo_writes_the_curve_and_prints_the_accuracy_table(tmp_path, cap
         assert 0.0 <= result[key] <= 1.0
 
 
+def test_quick_demo_with_json_tool_calls(tmp_path, capsys):
+    result = demo.main(["--quick", "--model", "tiny", "--tool-format", "json", "--output-dir", str(tmp_path), "--show", "1", "--no-progress"])
+    out = capsys.readouterr().out
+    assert "tool calls as json" in out and "<tools>" in out and '"name": "Calculator"' in out
+    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.steps
+
+
+def test_json_tool_format_settings():
+    args = demo.build_parser().parse_args(["--tool-format", "json"])
+    settings = demo.demo_settings(args)
+    assert settings.tool_format == "json" and settings.max_new_tokens == demo.JSON_MAX_NEW_TOKENS
+    assert settings.steps == demo.DEMO_SETTINGS.steps and demo.demo_settings(demo.build_parser().parse_args([])).tool_format == "tags"
+
+
 def test_small_env_var_selects_the_quick_settings(monkeypatch):
     args = demo.build_parser().parse_args([])
     monkeypatch.delenv(demo.SMALL_ENV_VAR, raising=False)

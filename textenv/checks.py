@@ -16,3 +16,24 @@ def check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         bound = ">= 0" if allow_zero else ">= 1"
         raise ValueError(f"{name} must be an int {bound}, got {value!r}.")
+
+
+def check_prompt(prompt: Any, tool_format: str) -> None:
+    """Raise unless `prompt` is None or a string (or, with `tool_format="json"`, a list of messages)."""
+    if prompt is None or isinstance(prompt, str):
+        return
+    if tool_format == "json" and isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        return
+    expected = "a string (the system message) or a list of message dicts" if tool_format == "json" else "a string"
+    raise TypeError(f"prompt must be {expected}, got {type(prompt).__name__}.")
+
+
+def check_queries(queries: Any) -> None:
+    """Raise unless `queries` is a non-empty list of strings."""
+    if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
+        raise TypeError(f"queries must be a list of strings, got {type(queries).__name__}. Wrap one query as [query].")
+    if len(queries) == 0:
+        raise ValueError("queries is empty: pass at least one query string.")
+    for index, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise TypeError(f"queries[{index}] must be a string, got {type(query).__name__}.")

@@ -28,7 +28,6 @@ from typing import Sequence
 from textenv import training
 from textenv.options import mixed_precision_setting
 from textenv.reporting import peak_memory_mb
-from textenv.tasks import calculator as task
 
 DEMO_SETTINGS = training.Settings()
 QUICK_SETTINGS = replace(
@@ -42,6 +41,7 @@ QUICK_SETTINGS = replace(
     eval_tasks=2,
 )
 SMALL_ENV_VAR = "TEXTENV_SMALL"
+JSON_MAX_NEW_TOKENS = 48  # a JSON call of the calculator is about 34 tokens
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--mixed-precision", choices=["no", "bf16"], default="no",
         help="'bf16': rollouts and PPO steps in bf16 autocast, weights float32 (default: %(default)s)",
     )
+    parser.add_argument(
+        "--tool-format", choices=["tags", "json"], default="tags",
+        help="'tags': the legacy <request><Calculator>...<call> syntax; 'json': the chat template's JSON tool calls "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -68,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 def demo_settings(args: argparse.Namespace) -> training.Settings:
     """The fixed demo settings, or the quick ones with `--quick` / `TEXTENV_SMALL=1`."""
     quick = args.quick or os.environ.get(SMALL_ENV_VAR, "") not in ("", "0")
-    return replace(QUICK_SETTINGS if quick else DEMO_SETTINGS, model=args.model, mixed_precision=mixed_precision_setting(args.mixed_precision))
+    base = QUICK_SETTINGS if quick else DEMO_SETTINGS
+    if args.tool_format == "json" and not quick:
+        base = replace(base, max_new_tokens=JSON_MAX_NEW_TOKENS)
+    return replace(base, model=args.model, mixed_precision=mixed_precision_setting(args.mixed_precision), tool_format=args.tool_format)
 
 
 def measure(env, queries: list[str], answers: list[float], label: str) -> dict[str, training.Evaluation]:
@@ -96,7 +104,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
     print(
         f"training: {steps_run} of {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
-        f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}"
+        f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}, tool calls as {settings.tool_format}"
     )
     print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     print(f"reward curve: {curve}")
@@ -112,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = training.build_policy(settings)
     env = training.build_calculator_environment(model, tokenizer, settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings)
-    eval_queries, eval_answers = task.generate_tasks(settings.eval_tasks, seed=settings.eval_seed)
-    task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
+    eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
+    task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 
     before = measure(env, eval_queries, eval_answers, "before")
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")

@@ -9,7 +9,14 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.environment.text_environment import TextEnvironment
+
+def __getattr__(name: str):
+    # Lazy: text_environment imports textenv.chat, whose modules import this package's leaf modules.
+    if name == "TextEnvironment":
+        from textenv.environment.text_environment import TextEnvironment
+
+        return TextEnvironment
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CALL_TOKEN",

@@ -7,10 +7,12 @@ The model writes ``<request><ToolName>query<call>``; the environment runs the to
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from textenv.chat.tool_chat import ChatTools
+from textenv.environment.chat_tools import play_json_episodes
 from textenv.environment.history import TextHistory
 from textenv.environment.syntax import (
     CALL_TOKEN,
@@ -21,11 +23,12 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.checks import check_positive_int
+from textenv.checks import check_positive_int, check_prompt, check_queries
 from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
 from textenv.padding import ensure_pad_token
 from textenv.tools.base import tools_by_name
+from textenv.tools.json_calls import check_tool_format
 from textenv.tools.tag_calls import TagToolCalls
 
 DEFAULT_MAX_TOOL_RESPONSE = 100
@@ -65,6 +68,16 @@ class TextEnvironment:
         mixed_precision (`str`, *optional*): `"bf16"` (or `"fp16"`) decodes under `torch.autocast` in that
             dtype (opt-in: greedy episodes can differ from float32 ones; for GPUs, on CPU it measured slower,
             see [`GenerationEngine`]); `None` (default): the model's dtype.
+        tool_format (`str`, defaults to `"tags"`): `"tags"`, the legacy `<request><Tool>query<call>` syntax;
+            `"json"`, the chat template's tool calls: episodes are conversations (`prompt` is the system
+            message, or a list of messages; each query is a user message), the tools' JSON schemas go to
+            the template's `tools=`, the model's calls are parsed and answered as `tool` messages, and a
+            turn without a call ends the episode. `history.info` records the calls.
+        tool_parser (`str` or `Callable`, *optional*): with `tool_format="json"`, the call format:
+            `"hermes"` (also `"qwen"`), `"llama3"`, `"mistral"` or ``parser(text) -> ParsedTurn``; default:
+            the one the chat template writes.
+        chat_template (`str`, *optional*): with `tool_format="json"`, a template to use instead of the
+            tokenizer's (default: the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
     """
 
     def __init__(
@@ -84,11 +97,14 @@ class TextEnvironment:
         tool_timeout: float | None = None,
         turn_order: str | None = None,
         mixed_precision: str | None = None,
+        tool_format: str = "tags",
+        tool_parser: str | Callable | None = None,
+        chat_template: str | None = None,
     ):
         if model is None or tokenizer is None:
             raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
-        if prompt is not None and not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}.")
+        self.tool_format = check_tool_format(tool_format)
+        check_prompt(prompt, tool_format)
         check_positive_int("max_turns", max_turns, allow_zero=True)
         if max_length is not None:
             check_positive_int("max_length", max_length)
@@ -104,8 +120,8 @@ class TextEnvironment:
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
         self.batch_size = batch_size
         self.tool_timeout = tool_timeout
-        if turn_order not in (None, CONTINUOUS, LOCKSTEP):
-            raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r}, got {turn_order!r}.")
+        if turn_order not in (None, CONTINUOUS, LOCKSTEP) or (tool_format == "json" and turn_order == LOCKSTEP):
+            raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r} (tags only), got {turn_order!r}.")
         self.turn_order = turn_order
         self._warned_lockstep = False
         self.request_token = REQUEST_TOKEN
@@ -117,6 +133,7 @@ class TextEnvironment:
             raise NotImplementedError("TextEnvironment supports decoder-only (causal) language models.")
         self.current_device = model_device(model)
         self._engine = GenerationEngine(model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision)
+        self._chat_tools = ChatTools(tokenizer, chat_template, tool_parser) if tool_format == "json" else None
 
     # ------------------------------------------------------------------ episodes
     def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:
@@ -137,12 +154,13 @@ class TextEnvironment:
             first segment's token ids, all later token ids (model and tool interleaved), their mask
             (1 = model token), the reward, and the `TextHistory`.
         """
-        _check_queries(queries)
-        histories = [self._start_history(index, query) for index, query in enumerate(queries)]
-        if self._turn_order() == LOCKSTEP:
-            histories = self._run_in_lockstep(histories)
+        check_queries(queries)
+        if self.tool_format == "json":
+            histories = self._engine_for_call().run_hosted(play_json_episodes(self, queries))
+        elif self._turn_order() == LOCKSTEP:
+            histories = self._run_in_lockstep(self._start_histories(queries))
         else:
-            histories = self._engine_for_call().run_hosted(self._play(histories))
+            histories = self._engine_for_call().run_hosted(self._play(self._start_histories(queries)))
         for history in histories:
             if not history.completed:
                 history.complete(truncated=True)
@@ -202,6 +220,9 @@ class TextEnvironment:
         history = self.tasks_end_check([history])[0]
         history = self.step(history)
         return self.tasks_end_check([history], model_turn=False)[0]
+
+    def _start_histories(self, queries: Sequence[str]) -> list[TextHistory]:
+        return [self._start_history(index, query) for index, query in enumerate(queries)]
 
     def _start_history(self, index: int, query: str) -> TextHistory:
         text = self.prompt + query
@@ -338,16 +359,6 @@ def _resolve_max_tool_response(legacy_value: int | None, value: int | None) -> i
     if chosen < 4:
         warnings.warn("max_tool_response < 4 leaves no room for the '...' truncation mark.", stacklevel=3)
     return chosen
-
-
-def _check_queries(queries: Any) -> None:
-    if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
-        raise TypeError(f"queries must be a list of strings, got {type(queries).__name__}. Wrap one query as [query].")
-    if len(queries) == 0:
-        raise ValueError("queries is empty: pass at least one query string.")
-    for index, query in enumerate(queries):
-        if not isinstance(query, str):
-            raise TypeError(f"queries[{index}] must be a string, got {type(query).__name__}.")
 
 
 _BUILTIN_GENERATE = TextEnvironment.generate

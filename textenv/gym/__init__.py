@@ -5,7 +5,7 @@ them from a plugin file loaded with `load_plugins`); `GymScheduler` runs episode
 `TextHistory`s for `PPOTrainer.step`.
 """
 
-from textenv.gym.chat import ChatRenderer, ChatTemplateError
+from textenv.chat.renderer import ChatRenderer, ChatTemplateError
 from textenv.gym.completions import CompletionsLog, read_completions
 from textenv.gym.env import ContextManager, Env, Message, Messages, RolloutInferRequest, RolloutOutput
 from textenv.gym.builtin import DummyContextManager, SimpleMathEnv, SlidingWindowContextManager, ToolEnv

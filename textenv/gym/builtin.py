@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from textenv.environment.syntax import CALL_TOKEN, REQUEST_TOKEN, SUBMIT_TOKEN
 from textenv.gym.env import ContextManager, Env, Messages, RolloutInferRequest
+from textenv.tools.json_calls import JsonToolCalls, check_tool_format
 from textenv.tools.tag_calls import TagToolCalls
 
 MATH_SYSTEM_PROMPT = (
@@ -97,8 +98,14 @@ class ToolEnv(Env):
     ``<submit>``) ends the episode: reward 1.0 if its answer matches the row's `answer` (or `solution`),
     else 0.0. The tool-call rules are TextEnvironment's (`TagToolCalls`).
 
+    With ``tool_format: "json"`` the tools are described through the chat template (`tool_schemas`),
+    the model calls them as the template's JSON tool calls (several per turn allowed), the results come
+    back as `tool` messages, and a reply without a call ends the episode; each step's info records the
+    calls (name, arguments, result, error).
+
     `env_config` keys: `tools` (names from `available_tools`, default all), `tool_timeout` (seconds,
-    default 10), `system_prompt`. Subclass and extend `available_tools` to offer more tools.
+    default 10), `system_prompt`, `tool_format` (`"tags"`, default, or `"json"`). Subclass and extend
+    `available_tools` to offer more tools.
     """
 
     stop_strings = (CALL_TOKEN,)
@@ -113,7 +120,12 @@ class ToolEnv(Env):
             raise ValueError(f"tool_env: unknown tools {unknown}. Available: {sorted(classes)}")
         self.tools = {name: classes[name]() for name in names}
         self.tool_timeout = float(env_config.get("tool_timeout", 10.0))
+        self.tool_format = check_tool_format(env_config.get("tool_format", "tags"))
         self.tool_calls = TagToolCalls(self.tools, timeout=self.tool_timeout)
+        self.json_calls = JsonToolCalls(self.tools, timeout=self.tool_timeout)
+        if self.tool_format == "json":
+            self.stop_strings = ()
+            self.tool_schemas = self.json_calls.schemas()
 
     def tool_classes(self) -> Dict[str, Any]:
         """`{name: tool class}` this env can offer (the calculator plus `available_tools`)."""
@@ -123,6 +135,8 @@ class ToolEnv(Env):
 
     def system_prompt(self) -> str:
         names = ", ".join(self.tools)
+        if self.tool_format == "json":
+            return self.env_config.get("system_prompt", "Use the tools to answer. When you know the answer, reply with it and call no tool.")
         return self.env_config.get(
             "system_prompt",
             f"You can use these tools: {names}. Call one by writing {REQUEST_TOKEN}<ToolName>query{CALL_TOKEN}, "
@@ -138,7 +152,9 @@ class ToolEnv(Env):
         self.answer = data.get("answer", data.get("solution"))
         return str(query), {"tools": list(self.tools)}, self.system_prompt()
 
-    async def step(self, action: Messages) -> Tuple[Optional[str], float, bool, Dict[str, Any]]:
+    async def step(self, action: Messages) -> Tuple[Any, float, bool, Dict[str, Any]]:
+        if self.tool_format == "json":
+            return await self._json_step(action[-1])
         reply = action[-1]["content"]
         if self.tool_calls.ends_episode(reply):
             correct = answers_match(extract_answer(reply.replace(SUBMIT_TOKEN, "")), self.answer)
@@ -149,6 +165,13 @@ class ToolEnv(Env):
         if name not in self.tools:
             info["error"] = "unknown tool"
         return response, 0.0, False, info
+
+    async def _json_step(self, reply: Dict[str, Any]) -> Tuple[Any, float, bool, Dict[str, Any]]:
+        if not reply.get("tool_calls"):
+            correct = answers_match(extract_answer(reply.get("content") or ""), self.answer)
+            return None, 1.0 if correct else 0.0, True, {"correct": correct}
+        tool_messages, records = await asyncio.to_thread(self.json_calls.answer, reply["tool_calls"])
+        return tool_messages, 0.0, False, {"tool_calls": [record.as_dict() for record in records]}
 
     async def close(self) -> None:
         return None

@@ -14,8 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-Message = Dict[str, Any]
-Messages = List[Message]
+from textenv.chat.renderer import Message, Messages  # noqa: F401 - the message types, re-exported
 
 
 def new_trajectory_id() -> str:
@@ -89,9 +88,13 @@ class Env(ABC):
     Attributes:
         stop_strings (`tuple[str, ...]`): extra strings that end a model turn (besides EOS), e.g.
             ``("<call>",)`` for a tool syntax. Defaults to none.
+        tool_schemas (`list[dict]`, *optional*): set (in `__init__`) to offer JSON tool calls: the schemas
+            go to the chat template's `tools=`, and each reply reaches `step` with its calls parsed into
+            OpenAI-style `tool_calls` (its `content` keeps the text around them).
     """
 
     stop_strings: Tuple[str, ...] = ()
+    tool_schemas: Optional[List[dict]] = None
 
     def __init__(self, env_config: Dict[str, Any]):
         self.env_config = env_config
@@ -112,7 +115,7 @@ class Env(ABC):
         """
 
     @abstractmethod
-    async def step(self, action: Messages) -> Tuple[Optional[str], float, bool, Dict[str, Any]]:
+    async def step(self, action: Messages) -> Tuple[Any, float, bool, Dict[str, Any]]:
         """React to the model's reply.
 
         Args:
@@ -121,8 +124,10 @@ class Env(ABC):
 
         Returns:
             `(next_observation, reward, done, info)`:
-            - next_observation (`str`): becomes the next user message; ignored (may be `None`) when
-              `done` is true or the turn limit is reached;
+            - next_observation (`str` or `list[dict]`): a string becomes the next user message; a list of
+              ``{"role": "tool", "tool_call_id", "name", "content"}`` messages (JSON tool results) is
+              appended as the chat template renders them; ignored (may be `None`) when `done` is true
+              or the turn limit is reached;
             - reward (`float`): this step's reward; the episode's reward is the sum over steps;
             - done (`bool`): the episode is over;
             - info (`dict`): JSON-serialisable debug data, logged in `trajectory_infos`.

@@ -14,12 +14,13 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import torch
 
 from textenv.environment.syntax import CONTROL_TAGS
+from textenv.tools.json_calls import JSON_CONTROL_STRINGS
 from textenv.episodes.driver import FINISH_ERROR, MAX_TURNS, Episode, EpisodeFailure, StopRule, Timeouts
 from textenv.gym.env import ContextManager, Env
 from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
 from textenv.gym.registry import resolve_context_manager, resolve_env
 from textenv.gym.rows import make_request
-from textenv.gym.transcript import Transcript
+from textenv.chat.transcript import Transcript
 from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
 
 
@@ -65,14 +66,26 @@ class GymPlay(Episode):
         reset = await self._env_call("reset", lambda: self.env.reset(request))
         observation, info, system = self._checked("reset", lambda: check_reset_result(reset, type(self.env).__name__))
         self.result.trajectory_infos.append(info)
-        renderer = self.scheduler.renderer
+        renderer, parser = self._checked("reset", self._tool_chat)
         opening = [{"role": "system", "content": renderer.neutralize(system)}] if system else []
         opening.append({"role": "user", "content": self._observation_text(observation)})
-        self.transcript = self._checked("reset", lambda: Transcript(renderer, opening))
+        self.transcript = self._checked("reset", lambda: Transcript(renderer, opening, tool_parser=parser))
         self.stop_strings = tuple(dict.fromkeys([*self.scheduler.stop_strings, *getattr(self.env, "stop_strings", ())]))
 
+    def _tool_chat(self) -> tuple:
+        """`(renderer, tool_parser)`: the env's `tool_schemas` (JSON tool calls) described through the chat
+        template and its calls parsed, or the plain renderer and no parser."""
+        schemas = getattr(self.env, "tool_schemas", None)
+        if not schemas:
+            return self.scheduler.renderer, None
+        chat = self.scheduler.chat_tools()
+        return chat.renderer_for(list(schemas)), chat.parse
+
     def context(self) -> torch.Tensor:
-        if self.observation is not None:
+        if isinstance(self.observation, list):
+            self.transcript.add_messages([{**message, "content": self._observation_text(message["content"])} for message in self.observation])
+            self.observation = None
+        elif self.observation is not None:
             self.transcript.add_message({"role": "user", "content": self._observation_text(self.observation)})
             self.observation = None
         managed = self.manager.manage_context(self.transcript.messages, self.result.trajectory_id)
@@ -89,6 +102,7 @@ class GymPlay(Episode):
         self.result.step_rewards.append(reward)
         self.result.total_reward += reward
         self.result.trajectory_infos.append(info)
+        self.scheduler.stats.count_tool_calls(info)
         self.done = done
         self.observation = None if done else observation
 
@@ -113,7 +127,7 @@ class GymPlay(Episode):
                 episode.messages = self.transcript.messages
                 episode.history = self.transcript.to_history(self.scheduler.loss_scale)
                 before_reply = episode.messages[:-1] if episode.completion else episode.messages
-                prompt = self.scheduler.renderer.render(before_reply)
+                prompt = self.transcript.renderer.render(before_reply)
             except Exception as error:  # noqa: BLE001 - never lose the episode's log line
                 episode.errors.append(error_record("history", error, episode.num_turns))
                 episode.finish_reason = FINISH_ERROR
@@ -126,7 +140,7 @@ class GymPlay(Episode):
 
     # ------------------------------------------------------------------ helpers
     def _observation_text(self, observation: str) -> str:
-        return self.scheduler.renderer.neutralize(observation, CONTROL_TAGS)
+        return self.scheduler.renderer.neutralize(observation, (*CONTROL_TAGS, *JSON_CONTROL_STRINGS))
 
     @staticmethod
     def _checked(stage: str, function: Callable[[], Any], turn: Optional[int] = None) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -19,13 +19,14 @@ from textenv.checks import check_positive_int
 from textenv.engine.engine import Completion, GenerationEngine, autocast_dtype
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
-from textenv.gym.chat import ChatRenderer
+from textenv.chat.renderer import ChatRenderer
+from textenv.chat.tool_chat import ChatTools
 from textenv.gym.completions import CompletionsLog
 from textenv.gym.episode import GymEpisode
 from textenv.gym.play import GymPlay, completion_record
 from textenv.gym.registry import load_plugins
 from textenv.gym.rows import load_rows
-from textenv.gym.transcript import check_loss_scale
+from textenv.chat.transcript import check_loss_scale
 
 __all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
 
@@ -42,6 +43,15 @@ class RunStats:
     episodes: int = 0
     errors: int = 0
     batch_sizes: Optional[List[int]] = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    def count_tool_calls(self, step_info: Dict[str, Any]) -> None:
+        """Add a step's JSON tool calls (`info["tool_calls"]`, a list of records) and its errors."""
+        calls = step_info.get("tool_calls")
+        if isinstance(calls, list):
+            self.tool_calls += len(calls)
+            self.tool_errors += sum(1 for call in calls if isinstance(call, dict) and call.get("error"))
 
 
 class GymScheduler:
@@ -71,6 +81,10 @@ class GymScheduler:
         external_plugins (`str` or `list`, *optional*): plugin files to load (see `load_plugins`).
         mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"`: decode under `torch.autocast` in that dtype
             (opt-in, see [`GenerationEngine`]); `None` (default): the model's dtype.
+        tool_parser (`str` or `Callable`, *optional*): for envs with `tool_schemas` (JSON tool calls), the
+            call format: `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or a parser; default: the template's.
+        chat_template (`str`, *optional*): for those envs, a template instead of the tokenizer's (default:
+            the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
 
     Attributes:
         stats (`RunStats`): counters of the last run.
@@ -94,6 +108,8 @@ class GymScheduler:
         policy: Optional[Policy] = None,
         external_plugins: Union[str, Path, Sequence[Union[str, Path]], None] = None,
         mixed_precision: Optional[str] = None,
+        tool_parser: Union[str, Callable, None] = None,
+        chat_template: Optional[str] = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -117,9 +133,18 @@ class GymScheduler:
         self.mixed_precision = mixed_precision
         autocast_dtype(mixed_precision)  # a bad value fails here, not at the first turn
         self.renderer = ChatRenderer(tokenizer)
+        self.tool_parser = tool_parser
+        self.chat_template = chat_template
+        self._chat_tools: Optional[ChatTools] = None
         self.stats = RunStats()
         self._engine: Optional[GenerationEngine] = None
         load_plugins(external_plugins)
+
+    def chat_tools(self) -> ChatTools:
+        """The template and parser for envs with JSON tool calls (set up, and checked, at the first use)."""
+        if self._chat_tools is None:
+            self._chat_tools = ChatTools(self.tokenizer, self.chat_template, self.tool_parser)
+        return self._chat_tools
 
     # ------------------------------------------------------------------ generation
     def generate(self, contexts: List[torch.Tensor], stop_strings: Sequence[str] = ()) -> List[Completion]:

@@ -28,8 +28,9 @@ def check_reset_result(result: Any, env_name: str) -> Tuple[str, Dict[str, Any],
     return observation, _check_info(info, where), system or None
 
 
-def check_step_result(result: Any, env_name: str) -> Tuple[Optional[str], float, bool, Dict[str, Any]]:
+def check_step_result(result: Any, env_name: str) -> Tuple[Any, float, bool, Dict[str, Any]]:
     """`(next_observation, reward, done, info)` from `step`, with the reward as a float and done as a bool.
+    The observation is a string (the next user message) or a list of messages (tool results).
 
     Raises:
         EnvContractError: not a 4-tuple, a reward that is not a finite real number, a done that is not
@@ -42,9 +43,10 @@ def check_step_result(result: Any, env_name: str) -> Tuple[Optional[str], float,
     if type(done).__name__ not in ("bool", "bool_") and done not in (0, 1):
         raise EnvContractError(f"{where} returned done={done!r}; expected a bool.")
     done = bool(done)
-    if not done and not isinstance(observation, str):
+    if not done and not (isinstance(observation, str) or _is_tool_messages(observation)):
         raise EnvContractError(
-            f"{where} returned a next_observation of type {type(observation).__name__} with done=False; expected str."
+            f"{where} returned next_observation={_describe(observation)} with done=False; expected a str (the next "
+            "user message) or a non-empty list of {'role': 'tool' or 'user', 'content': str} messages."
         )
     return observation, float(reward), done, _check_info(info, where)
 
@@ -62,6 +64,13 @@ def check_managed_messages(messages: Any, name: str) -> Messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
             raise EnvContractError(f"{where} returned messages[{index}]={_describe(message)}; expected {{'role': str, 'content': str}}.")
     return messages
+
+
+def _is_tool_messages(observation: Any) -> bool:
+    return isinstance(observation, list) and bool(observation) and all(
+        isinstance(message, dict) and message.get("role") in ("tool", "user") and isinstance(message.get("content"), str)
+        for message in observation
+    )
 
 
 def _unpack(result: Any, size: int, where: str, shape: str) -> tuple:

@@ -37,22 +37,20 @@ def format_query(question: str) -> str:
     return f"{question}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def generate_tasks(count: int, seed: int | None = None) -> tuple[list[str], list[float]]:
+def generate_tasks(count: int, seed: int | None = None, plain: bool = False) -> tuple[list[str], list[float]]:
     """`count` random questions `What is a op b?` (a, b in [0, 50), op in + - *), formatted with
-    `format_query`, and their answers."""
+    `format_query` (bare with `plain`, for chat-form episodes), and their answers."""
     rng = random.Random(seed)
-    queries, answers = [], []
-    for _ in range(count):
-        a, b, operator = rng.randrange(50), rng.randrange(50), rng.choice(OPERATORS)
-        queries.append(format_query(f"What is {a}{operator}{b}?"))
-        answers.append(float(_apply(a, operator, b)))
-    return queries, answers
+    tasks = [random_task(rng, plain) for _ in range(count)]
+    return [query for query, _ in tasks], [answer for _, answer in tasks]
 
 
-def random_task(rng: random.Random) -> tuple[str, float]:
-    """One random task drawn from `rng`: the query (formatted with `format_query`) and its answer."""
+def random_task(rng: random.Random, plain: bool = False) -> tuple[str, float]:
+    """One random task drawn from `rng`: the query (formatted with `format_query`, bare with `plain`) and
+    its answer."""
     a, b, operator = rng.randrange(50), rng.randrange(50), rng.choice(OPERATORS)
-    return format_query(f"What is {a}{operator}{b}?"), float(_apply(a, operator, b))
+    question = f"What is {a}{operator}{b}?"
+    return (question if plain else format_query(question)), float(_apply(a, operator, b))
 
 
 def _apply(a: int, operator: str, b: int) -> int:
@@ -71,4 +69,40 @@ def exact_match_reward(texts: Sequence[str], answers: Sequence[float]) -> list[f
     for text, answer in zip(texts, answers):
         result = parse_result(text)
         rewards.append(1.0 if result is not None and abs(result - float(answer)) < 0.01 else 0.0)
+    return rewards
+
+
+# ---------------------------------------------------------------------------- JSON tool calls
+JSON_SYSTEM_MESSAGE = (
+    "You answer arithmetic questions with the Calculator tool. Call it, read its result, then answer as "
+    "Result=number."
+)
+
+
+def _json_example(index: int, question: str, expression: str, result: str) -> list[dict]:
+    call_id = f"call9{index:04d}"
+    call = {"id": call_id, "type": "function", "function": {"name": TOOL_NAME, "arguments": {"query": expression}}}
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": result, "tool_call_id": call_id, "name": TOOL_NAME},
+        {"role": "assistant", "content": f"Result={result}"},
+    ]
+
+
+# The same two examples as `PROMPT`, as chat messages with JSON tool calls (for `tool_format="json"`).
+JSON_PROMPT = [
+    {"role": "system", "content": JSON_SYSTEM_MESSAGE},
+    *_json_example(1, "What is 13-3?", "13-3", "10"),
+    *_json_example(2, "What is 4*3?", "4*3", "12"),
+]
+_JSON_RESULT = re.compile(r"^\s*Result\s*=\s*(-?\d+(\.\d+)?)\s*(<\|im_end\|>)?\s*$")
+
+
+def json_exact_match_reward(texts: Sequence[str], answers: Sequence[float]) -> list[float]:
+    """1.0 where the final reply is `Result=N` (nothing else) and N is within 0.01 of the answer, else 0.0."""
+    rewards = []
+    for text, answer in zip(texts, answers):
+        match = _JSON_RESULT.match(text)
+        rewards.append(1.0 if match is not None and abs(float(match.group(1)) - float(answer)) < 0.01 else 0.0)
     return rewards

@@ -89,10 +89,21 @@ def call_tool(tool: Any, query: str, timeout: float | None = None) -> str:
             returns keeps its (daemon) thread; tools that run foreign code should run it in a process, as
             `PythonInterpreter` does.
     """
+    return _call_with_timeout(lambda: _callable_of(tool)(query), timeout)
+
+
+def call_tool_with_arguments(tool: Any, arguments: dict[str, Any], timeout: float | None = None) -> str:
+    """Call ``tool(**arguments)`` (a JSON tool call) and return its response as a string, as `call_tool`
+    does: awaited if async, exceptions and timeouts as ``"Tool error: ..."`` text. A smolagents tool is
+    called through its ``__call__``, which checks and converts its inputs."""
+    return _call_with_timeout(lambda: tool(**arguments), timeout)
+
+
+def _call_with_timeout(call: Callable[[], Any], timeout: float | None) -> str:
     if timeout is None:
-        return _call_tool_now(tool, query)
+        return _response_of(call)
     outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(_call_tool_now(tool, query)), daemon=True)
+    worker = threading.Thread(target=lambda: outcome.append(_response_of(call)), daemon=True)
     worker.start()
     worker.join(timeout)
     if not outcome:
@@ -100,9 +111,9 @@ def call_tool(tool: Any, query: str, timeout: float | None = None) -> str:
     return outcome[0]
 
 
-def _call_tool_now(tool: Any, query: str) -> str:
+def _response_of(call: Callable[[], Any]) -> str:
     try:
-        result = _callable_of(tool)(query)
+        result = call()
         if inspect.isawaitable(result):
             result = run_sync(result)
     except Exception as error:  # noqa: BLE001 - any tool failure becomes text for the model

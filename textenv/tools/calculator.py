@@ -92,7 +92,11 @@ class Calculator:
         self._max_bits = int(max_result_digits * math.log2(10)) + 1
 
     def __call__(self, query: str) -> str:
-        """Evaluate ``query`` and return the result, or ``"Tool error: ..."`` text."""
+        """Evaluate an arithmetic expression and return the result, or ``"Tool error: ..."`` text.
+
+        Args:
+            query: the expression, for example ``13-3`` or ``(2+3)*4``.
+        """
         try:
             return self._format(self.evaluate(query))
         except CalculatorError as error:

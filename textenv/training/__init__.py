@@ -9,7 +9,7 @@
 - `calculator`: the calculator job's environment and training tasks.
 """
 
-from textenv.training.calculator import build_calculator_environment, calculator_task_batches
+from textenv.training.calculator import build_calculator_environment, calculator_task_batches, calculator_tasks
 from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode
 from textenv.training.loop import StepLog, train
 from textenv.training.policy import LORA_TARGET_MODULES, TINY_MODEL, load_policy, lora_config
@@ -31,6 +31,7 @@ __all__ = [
     "build_policy",
     "build_trainer",
     "calculator_task_batches",
+    "calculator_tasks",
     "evaluate",
     "generation_mode",
     "load_policy",

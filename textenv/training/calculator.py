@@ -15,29 +15,39 @@ from textenv.training.settings import Settings
 def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
     """The calculator `TextEnvironment`: the 2-shot prompt, the `Calculator` tool and the exact-match
     reward, sampling at temperature 1 with `settings.max_new_tokens` per turn and `settings.max_turns`
-    turns (in `settings.mixed_precision`)."""
+    turns (in `settings.mixed_precision`). With `settings.tool_format="json"` the same two examples are
+    chat messages with JSON tool calls, and the reward wants a final reply `Result=N`."""
+    json_calls = settings.tool_format == "json"
     return TextEnvironment(
         model,
         tokenizer,
         {task.TOOL_NAME: Calculator()},
-        task.exact_match_reward,
-        task.PROMPT,
+        task.json_exact_match_reward if json_calls else task.exact_match_reward,
+        task.JSON_PROMPT if json_calls else task.PROMPT,
         max_turns=settings.max_turns,
         generation_kwargs={**SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
         batch_size=settings.generation_batch_size,
         mixed_precision=settings.mixed_precision,
+        tool_format=settings.tool_format,
     )
 
 
-def calculator_task_batches(batch_size: int, seed: int, exclude: Sequence[str] = ()) -> Iterator[tuple[list[str], list[float]]]:
+def calculator_tasks(count: int, seed: int, settings: Settings) -> tuple[list[str], list[float]]:
+    """`count` seeded calculator tasks, formatted for `settings.tool_format` (bare questions for JSON)."""
+    return task.generate_tasks(count, seed=seed, plain=settings.tool_format == "json")
+
+
+def calculator_task_batches(
+    batch_size: int, seed: int, exclude: Sequence[str] = (), plain: bool = False
+) -> Iterator[tuple[list[str], list[float]]]:
     """An endless stream of `(queries, answers)` batches of random calculator tasks, never one of
-    `exclude` (the held-out queries)."""
+    `exclude` (the held-out queries); bare questions with `plain` (JSON tool calls)."""
     held_out = set(exclude)
     rng = random.Random(seed)
     while True:
         queries, answers = [], []
         while len(queries) < batch_size:
-            query, answer = task.random_task(rng)
+            query, answer = task.random_task(rng, plain)
             if query not in held_out:
                 queries.append(query)
                 answers.append(answer)

@@ -48,6 +48,8 @@ class Settings:
         eval_seed: seed of the held-out task set.
         mixed_precision: `"bf16"` (or `"fp16"`): the PPO step under accelerate's mixed precision and the rollout
             under `torch.autocast` in that dtype (weights stay float32); `None`: float32 throughout.
+        tool_format: `"tags"` (the legacy `<request><Calculator>...<call>` syntax) or `"json"` (the chat
+            template's JSON tool calls) for the calculator job.
     """
 
     model: str = "bundled"
@@ -72,6 +74,7 @@ class Settings:
     eval_tasks: int = 100
     eval_seed: int = 1234
     mixed_precision: str | None = None
+    tool_format: str = "tags"
 
 
 def seed_everything(seed: int, threads: int = 0) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
-from textenv.environment.history import TextHistory
-from textenv.gym.chat import ChatRenderer
-from textenv.gym.env import Message, Messages
+from textenv.chat.renderer import ChatRenderer, Message, Messages
 from textenv.engine.engine import Completion
+from textenv.environment.history import TextHistory
+from textenv.tools.json_calls import openai_tool_calls
 
 LOSS_SCALES = ("last_round", "default", "all")
 
@@ -55,15 +55,20 @@ class Transcript:
     """The conversation of one episode, message by message, with exact tokens.
 
     Args:
-        renderer (`ChatRenderer`): renders and tokenizes template text.
+        renderer (`ChatRenderer`): renders and tokenizes template text (and describes its tools).
         messages (`list[dict]`): the opening messages (system?, user).
+        tool_parser (`Callable`, *optional*): ``tool_parser(text) -> ParsedTurn``; when given, a reply's
+            tool calls are read into the assistant message's `tool_calls` (OpenAI form) and its `content`
+            keeps the text around them.
     """
 
-    def __init__(self, renderer: ChatRenderer, messages: Messages):
+    def __init__(self, renderer: ChatRenderer, messages: Messages, tool_parser: Optional[Callable] = None):
         self.renderer = renderer
+        self.tool_parser = tool_parser
         self.entries: List[Entry] = []
+        self.calls_made = 0
         for message in messages:
-            self._append_rendered(message)
+            self._append_rendered([message])
 
     @property
     def messages(self) -> Messages:
@@ -84,9 +89,11 @@ class Transcript:
         kept = 0
         while kept < min(len(managed), len(self.entries)) and self.entries[kept].message == managed[kept]:
             kept += 1
+        while 0 < kept < len(self.entries) and not self.entries[kept].segments:
+            kept -= 1  # messages rendered together are kept or re-rendered together
         del self.entries[kept:]
-        for message in managed[kept:]:
-            self._append_rendered(copy.deepcopy(message))
+        for turn in turns_of(copy.deepcopy(managed[kept:])):
+            self._append_rendered(turn)
 
     def generation_context(self) -> tuple[torch.Tensor, Segment]:
         """`(context_ids, generation_prompt)`: the tokens to generate from (conversation + the
@@ -105,7 +112,7 @@ class Transcript:
         eos_text = self.renderer.eos_text or ""
         if ended_by_eos and eos_text and closing.startswith(eos_text):
             closing = closing[len(eos_text) :]
-        message = {"role": "assistant", "content": content}
+        message = self._assistant_message(content)
         generated_ids = completion.token_ids.detach().cpu().long()
         segments = [prompt, Segment(completion.text, generated_ids, generated=len(generated_ids) > 0)]
         if closing:
@@ -113,13 +120,29 @@ class Transcript:
         self.entries.append(Entry(message, segments))
         return copy.deepcopy(message)
 
+    def _assistant_message(self, content: str) -> Message:
+        if self.tool_parser is None:
+            return {"role": "assistant", "content": content}
+        parsed = self.tool_parser(content)
+        calls = openai_tool_calls(parsed.calls, first_index=self.calls_made)
+        self.calls_made += len(calls)
+        return {"role": "assistant", "content": parsed.content, **({"tool_calls": calls} if calls else {})}
+
     def add_message(self, message: Message) -> None:
         """Append a non-model message (an observation), rendered by the template."""
-        self._append_rendered(message)
+        self._append_rendered([message])
 
-    def _append_rendered(self, message: Message) -> None:
-        text = self.renderer.message_text(self.messages, message)
-        self.entries.append(Entry(message, [Segment(text, self.renderer.encode(text))]))
+    def add_messages(self, messages: Messages) -> None:
+        """Append non-model messages (tool results) rendered together, as the template groups them."""
+        self._append_rendered(list(messages))
+
+    def _append_rendered(self, messages: Messages) -> None:
+        """One entry per message; their text (one delta) goes with the first, the others hold none."""
+        if not messages:
+            return
+        text = self.renderer.added_text(self.messages, messages)
+        self.entries.append(Entry(messages[0], [Segment(text, self.renderer.encode(text))]))
+        self.entries.extend(Entry(message) for message in messages[1:])
 
     def _content(self, completion: Completion) -> tuple[str, bool]:
         eos_text = self.renderer.eos_text or ""
@@ -136,16 +159,19 @@ class Transcript:
             return generated[-1:]
         return generated
 
-    def to_history(self, loss_scale: str) -> Optional[TextHistory]:
+    def to_history(self, loss_scale: str, keep_trailing: bool = False) -> Optional[TextHistory]:
         """The episode as a `TextHistory`: the first segment is everything before the first trained token,
-        then the rest up to the last trained token, mask 1 exactly on trained tokens. `None` when nothing
-        is trained (the model never replied)."""
+        then the rest up to the last trained token (to the end with `keep_trailing`, the closing text of
+        the last reply excepted), mask 1 exactly on trained tokens. `None` when nothing is trained (the
+        model never replied)."""
         trained = self.trained_segments(loss_scale)
         if not trained:
             return None
         trained_ids = {id(segment) for segment in trained}
         segments = [segment for entry in self.entries for segment in entry.segments]
         last = max(index for index, segment in enumerate(segments) if id(segment) in trained_ids)
+        if keep_trailing and self.entries[-1].message.get("role") != "assistant":
+            last = len(segments) - 1
         history: Optional[TextHistory] = None
         pending_text, pending_tokens = "", []
         for segment in segments[: last + 1]:
@@ -156,7 +182,19 @@ class Transcript:
             history = _flush(history, pending_text, pending_tokens)
             pending_text, pending_tokens = "", []
             history.append_segment(segment.text, segment.tokens, system=False)
-        return history
+        return _flush(history, pending_text, pending_tokens) if pending_tokens else history
+
+
+def turns_of(messages: Messages) -> List[Messages]:
+    """`messages` split into what is rendered in one piece: each message, but consecutive tool results
+    together (templates put them in one turn)."""
+    turns: List[Messages] = []
+    for message in messages:
+        if turns and message.get("role") == "tool" and turns[-1][-1].get("role") == "tool":
+            turns[-1].append(message)
+        else:
+            turns.append([message])
+    return turns
 
 
 def _flush(history: Optional[TextHistory], text: str, tokens: List[torch.Tensor]) -> TextHistory:

@@ -1,0 +1,195 @@
+"""Chat-template rendering, one message at a time.
+
+Earlier turns are never re-rendered: the text new messages add is the difference between the template's
+rendering with and without them (a delta). Most templates are append-only (ChatML, Llama, Mistral within
+a tool loop), so the delta of the real conversation is exact. A template that rewrites earlier messages
+(thinking models that strip `<think>` from earlier replies, Mistral's tool list moving to the last user
+message) gets the delta after a stand-in of the conversation instead: the system message, the last user
+message and what follows it, with assistant contents replaced by a placeholder. The tokens already in an
+episode stay exactly as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+
+from textenv.environment.syntax import neutralize
+
+Message = Dict[str, Any]
+Messages = List[Message]
+
+_SENTINEL = "\u2063TEXTENV-CONTENT\u2063"
+_PLACEHOLDER = "\u2063"
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot be rendered incrementally."""
+
+
+class ChatRenderer:
+    """Renders messages with a tokenizer's chat template and tokenizes the pieces.
+
+    Args:
+        tokenizer: a tokenizer with a chat template. A private copy is used for encoding, so the
+            generation thread may use the original at the same time.
+        tools (`list[dict]`, *optional*): JSON schemas passed to the template as `tools=` on every render.
+        chat_template (`str`, *optional*): a template used instead of the tokenizer's own.
+    """
+
+    def __init__(self, tokenizer, tools: Optional[List[dict]] = None, chat_template: Optional[str] = None):
+        if not (chat_template or getattr(tokenizer, "chat_template", None)):
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; conversations need one (set tokenizer.chat_template or pass chat_template=)."
+            )
+        self.tokenizer = _private_copy(tokenizer)
+        self.tools = list(tools) if tools else None
+        self.chat_template = chat_template
+        self.special_tokens = list(tokenizer.all_special_tokens)
+        self.eos_text: Optional[str] = tokenizer.eos_token
+        self._deltas_used: Dict[str, int] = {}
+
+    def with_tools(self, tools: Optional[List[dict]]) -> "ChatRenderer":
+        """A renderer of the same tokenizer and template that describes `tools` to the model."""
+        renderer = copy.copy(self)
+        renderer.tools = list(tools) if tools else None
+        renderer._deltas_used = {}
+        return renderer
+
+    def render(self, messages: Messages, add_generation_prompt: bool = False, tools: Any = "default") -> str:
+        """The template's text for `messages` (with this renderer's tools unless `tools` is given)."""
+        extra = {"chat_template": self.chat_template} if self.chat_template else {}
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=self.tools if tools == "default" else tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+        )
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids of template text (special-token strings become their ids; no BOS is added)."""
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.long)
+
+    def added_text(self, before: Messages, new: Messages, add_generation_prompt: bool = False) -> str:
+        """The text `new` messages (and the generation prompt, if asked) add after `before`.
+
+        Tried in order: the real conversation's rendering as a prefix (append-only templates); after a
+        final assistant reply, the text that follows its closing; the same after a stand-in conversation
+        (`stand_in`), with at most one call per turn, and without tools.
+
+        Raises:
+            ChatTemplateError: no way gives the text.
+        """
+        if not before:
+            return self.render(new, add_generation_prompt)
+        paths = (
+            ("append", lambda: self._prefix_delta(before, new, add_generation_prompt, "default")),
+            ("after the reply", lambda: self._added_after_reply(before, new, add_generation_prompt)),
+            ("stand-in", lambda: self._prefix_delta(stand_in(before), new, add_generation_prompt, "default")),
+            ("stand-in, one call per turn", lambda: self._prefix_delta(stand_in(before, 1), new, add_generation_prompt, "default")),
+            ("stand-in without tools", lambda: self._prefix_delta(stand_in(before, 1), new, add_generation_prompt, None)),
+        )
+        for path, delta in paths:
+            text = delta()
+            if text is not None:
+                self._deltas_used[path] = self._deltas_used.get(path, 0) + 1
+                return text
+        roles = [message.get("role") for message in new]
+        raise ChatTemplateError(
+            f"the chat template rewrites earlier messages when {roles or 'the generation prompt'} is added, even after "
+            "a stand-in conversation; textenv keeps the exact generated tokens and needs the text new messages add. "
+            "Pass a template that renders messages in order (chat_template=)."
+        )
+
+    def _prefix_delta(self, base: Messages, new: Messages, add_generation_prompt: bool, tools: Any) -> Optional[str]:
+        """What rendering `new` after `base` adds, if `base`'s rendering is a prefix of it."""
+        try:
+            shorter = self.render(base, tools=tools)
+            longer = self.render([*base, *new], add_generation_prompt, tools=tools)
+        except Exception:  # noqa: BLE001 - a template may refuse a shape (Llama 3.1: one call per turn)
+            return None
+        return longer[len(shorter) :] if longer.startswith(shorter) else None
+
+    def _added_after_reply(self, before: Messages, new: Messages, add_generation_prompt: bool) -> Optional[str]:
+        """When `before` ends with an assistant reply whose rendering changes once it is no longer the last
+        message (Qwen3's empty think block): the text after that reply's closing, found by rendering the
+        reply with a sentinel content."""
+        if before[-1].get("role") != "assistant":
+            return None
+        try:
+            closing = self.assistant_suffix(before[:-1])
+            marked = self.render([*before[:-1], {**before[-1], "content": _SENTINEL}, *new], add_generation_prompt)
+        except Exception:  # noqa: BLE001 - then the stand-ins are tried
+            return None
+        start = marked.find(_SENTINEL)
+        end = marked.find(closing, start) if start >= 0 and closing else -1
+        return marked[end + len(closing) :] if end >= 0 else None
+
+    def message_text(self, before: Messages, message: Message) -> str:
+        """The text `message` adds after `before`."""
+        return self.added_text(before, [message])
+
+    def generation_prompt(self, messages: Messages) -> str:
+        """The text that opens the assistant's turn after `messages` (e.g. ``<|im_start|>assistant\\n``)."""
+        return self.added_text(messages, [], add_generation_prompt=True)
+
+    def assistant_suffix(self, messages: Messages) -> str:
+        """The text the template puts after an assistant reply's content (e.g. ``<|im_end|>\\n``)."""
+        closed = self.render([*messages, {"role": "assistant", "content": _SENTINEL}])
+        if _SENTINEL not in closed:
+            raise ChatTemplateError(
+                "the chat template does not render an assistant reply's content as given; textenv needs the text "
+                "the template puts after the model's own tokens."
+            )
+        return closed.split(_SENTINEL, 1)[1]
+
+    @property
+    def deltas_used(self) -> Dict[str, int]:
+        """How many deltas each way of `added_text` gave, by name."""
+        return dict(self._deltas_used)
+
+    def neutralize(self, text: str, extra: Iterable[str] = ()) -> str:
+        """`text` with the tokenizer's special tokens (and `extra` strings) defused."""
+        return neutralize(text, [*self.special_tokens, *extra])
+
+
+def stand_in(messages: Messages, max_calls: Optional[int] = None) -> Messages:
+    """The conversation a delta is rendered after when the real one is rewritten by its template: the
+    system message, the last user message and what follows it, every assistant content a placeholder
+    (and at most `max_calls` tool calls per assistant message, for templates that take one)."""
+    head = messages[:1] if messages and messages[0].get("role") == "system" else []
+    last_user = max((index for index, message in enumerate(messages) if message.get("role") == "user"), default=len(head))
+    tail = []
+    for message in messages[max(last_user, len(head)) :]:
+        if message.get("role") == "assistant":
+            message = {**message, "content": _PLACEHOLDER}
+            if max_calls is not None and message.get("tool_calls"):
+                message["tool_calls"] = message["tool_calls"][:max_calls]
+        tail.append(message)
+    return head + tail
+
+
+def tool_call_message(content: str, tool_calls: List[dict]) -> Message:
+    """An assistant message in the chat-template form: `content` and OpenAI-style `tool_calls`."""
+    message: Message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+_private_copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _private_copy(tokenizer):
+    """One copy per tokenizer (copying takes ~0.5 s), shared by every renderer of that tokenizer; they
+    all run on event-loop threads, while the original is used by the generation thread."""
+    try:
+        if tokenizer not in _private_copies:
+            _private_copies[tokenizer] = copy.deepcopy(tokenizer)
+        return _private_copies[tokenizer]
+    except Exception:  # noqa: BLE001 - an uncopyable tokenizer is shared (encode/decode are read-only)
+        return tokenizer

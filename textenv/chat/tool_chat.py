@@ -1,0 +1,63 @@
+"""A tokenizer's chat template set up for JSON tool calls: the template, the call parser, the conformance."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Optional
+
+from textenv.chat.conformance import Conformance, check_conformance
+from textenv.chat.renderer import ChatRenderer
+from textenv.chat.templates import tool_chat_template
+from textenv.environment.syntax import CONTROL_TAGS
+from textenv.tools.json_calls import JSON_CONTROL_STRINGS
+from textenv.tools.tool_call_parsers import get_tool_call_parser, parser_for_template
+
+
+class ChatTools:
+    """What a JSON tool-call run needs from the tokenizer: the template, the parser and its conformance.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        chat_template (`str`, *optional*): a template to use instead of the tokenizer's (default: the
+            tokenizer's when it takes `tools=`, else textenv's tool-aware ChatML template).
+        tool_parser (`str` or `Callable`, *optional*): `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or
+            ``parser(text) -> ParsedTurn``; default: the format the template writes.
+
+    Attributes:
+        conformance (`Conformance`): whether the template renders turn by turn append-only (checked once,
+            at construction; a warning says so when it does not).
+    """
+
+    def __init__(self, tokenizer, chat_template: Optional[str] = None, tool_parser=None):
+        self.chat_template = tool_chat_template(tokenizer, chat_template)
+        self.renderer = ChatRenderer(tokenizer, chat_template=self.chat_template)
+        template_text = self.chat_template or tokenizer.chat_template
+        self.parser_name = tool_parser if isinstance(tool_parser, str) else (None if tool_parser else parser_for_template(template_text))
+        self.parse = get_tool_call_parser(tool_parser or self.parser_name)
+        self.conformance: Conformance = check_conformance(self.renderer.with_tools(_SAMPLE_SCHEMAS))
+        self._renderers: dict[str, ChatRenderer] = {}
+        if not self.conformance.append_only:
+            warnings.warn(f"The chat template is {self.conformance.summary()}.", stacklevel=3)
+
+    def forbidden_strings(self) -> list[str]:
+        return [*self.renderer.special_tokens, *CONTROL_TAGS, *JSON_CONTROL_STRINGS]
+
+    def renderer_for(self, schemas: list[dict]) -> ChatRenderer:
+        """A renderer that describes `schemas` (one per distinct list, reused)."""
+        key = json.dumps(schemas, sort_keys=True, default=str)
+        if key not in self._renderers:
+            self._renderers[key] = self.renderer.with_tools(schemas)
+        return self._renderers[key]
+
+
+_SAMPLE_SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    }
+]

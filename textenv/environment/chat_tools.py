@@ -1,0 +1,100 @@
+"""`TextEnvironment(tool_format="json")`: episodes as chat conversations with the template's JSON tool calls.
+
+Each episode opens with the prompt (a system message, or a list of messages such as few-shot turns) and
+the query as a user message, rendered by the chat template with the tools' schemas. The model's turn is
+kept as its exact sampled ids; its tool calls are parsed and run, and the results plus the next
+assistant header are appended as the template's delta. A turn without a tool call ends the episode.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from textenv.chat.renderer import Messages
+from textenv.chat.tool_chat import ChatTools
+from textenv.chat.transcript import Transcript
+from textenv.environment.history import TextHistory
+from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS, MAX_TURNS, Episode, StopRule, play_all
+from textenv.tools.json_calls import JsonToolCalls, ToolCallRecord
+
+
+class ChatToolEpisode(Episode):
+    """One `TextEnvironment` episode in JSON tool-call form, as the driver plays it."""
+
+    stop_rules = (StopRule("answered", lambda episode: episode.answered), MAX_TURNS)
+
+    def __init__(self, transcript: Transcript, calls: JsonToolCalls, neutralize, max_turns: int, max_length: Optional[int], generation_kwargs: dict):
+        super().__init__()
+        self.transcript = transcript
+        self.calls = calls
+        self.neutralize = neutralize
+        self.max_turns = max_turns
+        self.max_length = None if max_length is None else max_length + 1  # legacy: longer than max_length ends it
+        self.generation_kwargs = generation_kwargs
+        self.answered = False
+        self.records: list[ToolCallRecord] = []
+        self._prompt = None
+
+    def context(self) -> torch.Tensor:
+        ids, self._prompt = self.transcript.generation_context()
+        return ids
+
+    async def react(self, completion) -> None:
+        message = self.transcript.add_reply(completion, self._prompt)
+        if not message.get("tool_calls"):
+            self.answered = True
+            return
+        tool_messages, records = self.calls.answer(message["tool_calls"], self.neutralize)
+        self.records.extend(records)
+        self.transcript.add_messages(tool_messages)
+
+    def history(self) -> TextHistory:
+        """The episode as a `TextHistory` (every model turn trained), completed; `info` holds the calls."""
+        history = self.transcript.to_history("all", keep_trailing=True)
+        if history is None:  # no model turn: the opening alone
+            segments = [segment for entry in self.transcript.entries for segment in entry.segments]
+            history = TextHistory("".join(segment.text for segment in segments), torch.cat([segment.tokens for segment in segments]))
+        history.info = {
+            "messages": self.transcript.messages,
+            "tool_calls": [record.as_dict() for record in self.records],
+            "tool_errors": sum(record.error is not None for record in self.records),
+            "finish_reason": self.finish_reason,
+        }
+        history.complete(truncated=self.finish_reason in (FINISH_MAX_TURNS, FINISH_MAX_LENGTH))
+        return history
+
+
+async def play_json_episodes(env, queries) -> list[TextHistory]:
+    """Play one JSON tool-call episode per query of a `TextEnvironment` on its engine; the first error
+    of an episode is raised (as in the tag format)."""
+    chat: ChatTools = env._chat_tools
+    calls = JsonToolCalls(env.tools, timeout=env.tool_timeout, max_response=env.max_tool_response)
+    renderer = chat.renderer_for(calls.schemas())
+    forbidden = chat.forbidden_strings()
+    episodes = []
+    for index, query in enumerate(queries):
+        transcript = Transcript(renderer, opening_messages(env.prompt, query), tool_parser=chat.parse)
+        if env.max_length is not None and transcript.num_tokens > env.max_length:
+            raise ValueError(
+                f"queries[{index}]: the rendered prompt and query are {transcript.num_tokens} tokens, longer than "
+                f"max_length={env.max_length}. Shorten the prompt or raise max_length."
+            )
+        neutralize = lambda text: renderer.neutralize(text, forbidden)  # noqa: E731
+        episodes.append(ChatToolEpisode(transcript, calls, neutralize, env.max_turns, env.max_length, env.generation_kwargs))
+    engine = env._engine_for_call()
+    await play_all([lambda episode=episode: episode for episode in episodes], engine, len(episodes))
+    for episode in episodes:
+        if episode.failures:
+            raise episode.failures[0].error
+    return [episode.history() for episode in episodes]
+
+
+def opening_messages(prompt, query: str) -> Messages:
+    """The first messages of an episode: the prompt (a system message, or messages) and the query."""
+    if isinstance(prompt, (list, tuple)):
+        head = [dict(message) for message in prompt]
+    else:
+        head = [{"role": "system", "content": prompt}] if prompt else []
+    return [*head, {"role": "user", "content": query}]
