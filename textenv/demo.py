@@ -11,7 +11,9 @@ by calling the calculator tool (TextEnvironment + PPOTrainer.step, exact-match r
    the reward curve to `outputs/demo/reward_curve.png`.
 
 Training runs a fixed number of steps, but stops early when the next step would not leave time for the final
-evaluation within `--budget-minutes` (20 by default): on a busy machine the demo trains less.
+evaluation within `--budget-minutes` (20 by default, 45 with `--tool-format json`, whose longer chat
+prompts and JSON calls make every step and evaluation about twice as slow): on a busy machine the demo
+trains less.
 
 `--quick` (or `TEXTENV_SMALL=1`) runs a tiny version for smoke tests.
 """
@@ -42,6 +44,7 @@ QUICK_SETTINGS = replace(
 )
 SMALL_ENV_VAR = "TEXTENV_SMALL"
 JSON_MAX_NEW_TOKENS = 48  # a JSON call of the calculator is about 34 tokens
+DEFAULT_BUDGET_MINUTES = {"tags": 20.0, "json": 45.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", default="outputs/demo", help="where the reward curve goes (default: %(default)s)")
     parser.add_argument("--show", type=int, default=2, help="held-out episodes shown before and after training (default: %(default)s)")
     parser.add_argument(
-        "--budget-minutes", type=float, default=20.0,
+        "--budget-minutes", type=float, default=None,
         help="stop training early so that the whole demo, final evaluation included, fits in this many minutes "
-        "(0 = no limit; default: %(default)s)",
+        f"(0 = no limit; default: {DEFAULT_BUDGET_MINUTES['tags']:g}, {DEFAULT_BUDGET_MINUTES['json']:g} with --tool-format json)",
     )
     parser.add_argument(
         "--mixed-precision", choices=["no", "bf16"], default="no",
@@ -126,9 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
     before = measure(env, eval_queries, eval_answers, "before")
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     deadline = None
-    if args.budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
+    budget_minutes = DEFAULT_BUDGET_MINUTES[args.tool_format] if args.budget_minutes is None else args.budget_minutes
+    if budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
         evaluation_seconds = sum(evaluation.seconds for evaluation in before.values())
-        deadline = started + 60 * args.budget_minutes - evaluation_seconds
+        deadline = started + 60 * budget_minutes - evaluation_seconds
     episodes = training.TextEnvironmentSource(env, task_batches)
     logs = training.train(ppo_trainer, episodes, settings.steps, deadline=deadline, progress=not args.no_progress)
     if len(logs) < settings.steps:
