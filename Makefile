@@ -21,7 +21,7 @@ legacy-on-trl: $(STAMP)
 	$(BIN)/python tests/legacy/run_on_trl.py
 
 # torch is pinned and installed first: an unpinned torch would pull gigabytes of CUDA packages.
-$(STAMP): setup.py setup.cfg
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

