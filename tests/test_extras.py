@@ -35,3 +35,11 @@ def test_an_unknown_package_gets_a_plain_pip_command():
 
 def test_every_optional_package_has_an_extra():
     assert set(OPTIONAL) == set(EXTRAS)
+
+
+def test_a_tracker_without_its_package_names_the_extra(monkeypatch):
+    from textenv import PPOConfig
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(MissingExtraError, match=r"log_with='wandb' needs the `wandb` package.*textenv\[trackers\]"):
+        PPOConfig(log_with="wandb")

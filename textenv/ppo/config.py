@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from textenv.extras import require
 from textenv.ppo.utils import flatten_dict
 
 KL_PENALTIES = ("kl", "abs", "mse", "full")
@@ -126,11 +127,8 @@ class PPOConfig:
             )
         if self.kl_penalty not in KL_PENALTIES:
             raise ValueError(f"`kl_penalty` must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
-        if self.log_with == "wandb":
-            try:
-                import wandb  # noqa: F401
-            except ImportError as error:
-                raise ImportError("log_with='wandb' needs the `wandb` package: pip install wandb") from error
+        if self.log_with in ("wandb", "tensorboard", "trackio"):
+            require(self.log_with, f"log_with={self.log_with!r}")
         self.total_ppo_epochs = int(math.ceil(self.steps / self.batch_size))
 
     def to_dict(self) -> dict:
