@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from textenv import TextEnvironment, options, reporting, training
+from textenv.logs import setup_logging
 from textenv.tasks import word_problems as task
 from textenv.tools import PythonInterpreter
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         evaluated) and wall time in seconds.
     """
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     settings = options.settings_from_args(args)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
+
+from textenv.logs import LOG_LEVELS, setup_logging
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +70,7 @@ def run_command(argv: Sequence[str]) -> Any:
     if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]].module is not None:
         return importlib.import_module(SUBCOMMANDS[argv[0]].module).main(argv[1:])
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     return SUBCOMMANDS[args.command].run(args)
 
 
@@ -94,6 +100,8 @@ def add_gym_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step_timeout", type=float, default=60.0, help="seconds an env reset/step/close may take")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+    parser.add_argument("--log_level", "--log-level", dest="log_level", choices=LOG_LEVELS, default="info", help="(default: %(default)s; other ranks: warning)")
+    parser.add_argument("--tool_parser", default=None, help="for envs with JSON tool calls: hermes, qwen, llama3 or mistral (default: the chat template's)")
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +143,7 @@ def _scheduler(args: argparse.Namespace, model, tokenizer):
         max_length=args.max_length,
         external_plugins=args.external_plugins,
         mixed_precision=mixed_precision_setting(args.mixed_precision),
+        tool_parser=args.tool_parser,
     )
 
 
@@ -162,7 +171,7 @@ def rollout(args: argparse.Namespace) -> Dict[str, Any]:
     scheduler = _scheduler(args, model, tokenizer)
     episodes = scheduler.run(rows, num_generations=args.num_generations, completions_path=args.output, progress=not args.no_progress)
     summary = {**_summary(episodes), "output": str(args.output)}
-    print(" ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in summary.items()))
+    logger.info(" ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in summary.items()))
     return summary
 
 
@@ -197,13 +206,13 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
 
     def report(log: StepLog) -> None:
         if not args.no_progress:
-            print(f"step {log.step}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}", flush=True)
+            logger.info(f"step {log.step}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}")
 
     logs = train(trainer, episodes, settings.steps, on_step=report, progress=not args.no_progress)
     if args.save_dir:
         trainer.save_pretrained(args.save_dir)
     rewards = [log.reward_mean for log in logs]
-    print(f"steps={len(logs)} reward_means={[round(r, 3) for r in rewards]} output={args.output}")
+    logger.info(f"steps={len(logs)} reward_means={[round(r, 3) for r in rewards]} output={args.output}")
     return {"steps": len(logs), "reward_means": rewards, "output": str(args.output)}
 
 

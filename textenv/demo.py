@@ -20,6 +20,7 @@ trains less.
 
 from __future__ import annotations
 
+import logging
 import argparse
 import os
 import time
@@ -29,8 +30,11 @@ from typing import Sequence
 
 from textenv import training
 from textenv.extras import require
+from textenv.logs import LOG_LEVELS, setup_logging
 from textenv.options import mixed_precision_setting
 from textenv.reporting import peak_memory_mb
+
+logger = logging.getLogger(__name__)
 
 DEMO_SETTINGS = training.Settings()
 QUICK_SETTINGS = replace(
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--log-level", "--log_level", dest="log_level", choices=LOG_LEVELS, default="info", help="(default: %(default)s)")
     return parser
 
 
@@ -83,40 +88,43 @@ def demo_settings(args: argparse.Namespace) -> training.Settings:
     return replace(base, model=args.model, mixed_precision=mixed_precision_setting(args.mixed_precision), tool_format=args.tool_format)
 
 
-def measure(env, queries: list[str], answers: list[float], label: str) -> dict[str, training.Evaluation]:
-    """Sampled and greedy held-out evaluations of the current policy."""
+def measure(env, queries: list[str], answers: list[float], label: str, progress: bool = False) -> dict[str, training.Evaluation]:
+    """Sampled and greedy held-out evaluations of the current policy (with a progress bar if asked)."""
     results = {}
+    env.progress = progress
     for mode, sample in (("sampled", True), ("greedy", False)):
         results[mode] = training.evaluate(env, queries, answers, sample=sample)
-        print(f"[{label}] held-out accuracy ({mode}): {results[mode].accuracy:.1%} ({results[mode].seconds:.0f} s)", flush=True)
+        logger.info(f"[{label}] held-out accuracy ({mode}): {results[mode].accuracy:.1%} ({results[mode].seconds:.0f} s)")
+    env.progress = False
     return results
 
 
 def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> None:
     """Print the first `count` episodes of an evaluation with `show_text`."""
-    print(f"\n--- {title} ---")
+    logger.info(f"\n--- {title} ---")
     for index, history in enumerate(evaluation.histories[:count]):
         history.show_text(show_legend=index == 0)
-        print()
+        logger.info("")
 
 
 def print_summary(before: dict, after: dict, settings: training.Settings, steps_run: int, seconds: float, curve: Path) -> None:
-    print(f"\n=== Calculator agent: held-out accuracy on {settings.eval_tasks} tasks, before -> after PPO ===")
+    logger.info(f"\n=== Calculator agent: held-out accuracy on {settings.eval_tasks} tasks, before -> after PPO ===")
     for mode, name in (("sampled", "sampled (temperature 1)"), ("greedy", "greedy")):
         change = 100 * (after[mode].accuracy - before[mode].accuracy)
-        print(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
-    print(
+        logger.info(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
+    logger.info(
         f"training: {steps_run} of {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
         f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}, tool calls as {settings.tool_format}"
     )
-    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"reward curve: {curve}")
+    logger.info(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
+    logger.info(f"reward curve: {curve}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the demo and return its figures (accuracies before/after, seconds, the curve's path)."""
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     settings = demo_settings(args)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 
-    before = measure(env, eval_queries, eval_answers, "before")
+    before = measure(env, eval_queries, eval_answers, "before", progress=not args.no_progress)
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     deadline = None
     budget_minutes = DEFAULT_BUDGET_MINUTES[args.tool_format] if args.budget_minutes is None else args.budget_minutes
@@ -137,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     episodes = training.TextEnvironmentSource(env, task_batches)
     logs = training.train(ppo_trainer, episodes, settings.steps, deadline=deadline, progress=not args.no_progress)
     if len(logs) < settings.steps:
-        print(f"time budget reached: stopping after {len(logs)} of {settings.steps} steps")
-    after = measure(env, eval_queries, eval_answers, "after")
+        logger.info(f"time budget reached: stopping after {len(logs)} of {settings.steps} steps")
+    after = measure(env, eval_queries, eval_answers, "after", progress=not args.no_progress)
     show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
     curve = plot_reward_curve(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from textenv.logs import LOG_LEVELS
 from textenv.training import Settings
 
 
@@ -37,6 +38,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, defaults: Settings, 
     parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
     parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    parser.add_argument("--log-level", "--log_level", dest="log_level", choices=LOG_LEVELS, default="info", help="(default: %(default)s; other ranks: warning)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
 import resource
 from pathlib import Path
 from typing import Sequence
 
 from textenv.training import StepLog
+
+logger = logging.getLogger(__name__)
 
 
 def summarise(logs: Sequence[StepLog]) -> dict:
@@ -38,16 +41,16 @@ def print_summary(name: str, summary: dict, args: argparse.Namespace, held_out: 
         held_out (`str`): what the held-out tasks are, e.g. `"held-out problems"`.
         log_dir (`str` or `Path`): where the tensorboard logs went.
     """
-    print(f"\n=== {name} PPO summary ===")
-    print(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
-    print(
+    logger.info(f"\n=== {name} PPO summary ===")
+    logger.info(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    logger.info(
         f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
         f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
     )
     if "held_out_accuracy" in summary:
-        print(f"held-out accuracy (greedy, {args.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
-    print(f"wall time: {summary['seconds']:.1f} s, peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"tensorboard logs: {log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
+        logger.info(f"held-out accuracy (greedy, {args.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
+    logger.info(f"wall time: {summary['seconds']:.1f} s, peak memory: {peak_memory_mb():.0f} MiB")
+    logger.info(f"tensorboard logs: {log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
 
 
 def peak_memory_mb() -> float:

@@ -17,6 +17,7 @@ from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import Transcript
 from textenv.environment.history import TextHistory
 from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS, MAX_TURNS, Episode, StopRule, play_all
+from textenv.logs import progress_bar
 from textenv.tools.json_calls import JsonToolCalls, ToolCallRecord
 
 
@@ -83,8 +84,8 @@ async def play_json_episodes(env, queries) -> list[TextHistory]:
             )
         neutralize = lambda text: renderer.neutralize(text, forbidden)  # noqa: E731
         episodes.append(ChatToolEpisode(transcript, calls, neutralize, env.max_turns, env.max_length, env.generation_kwargs))
-    engine = env._engine_for_call()
-    await play_all([lambda episode=episode: episode for episode in episodes], engine, len(episodes))
+    with progress_bar(len(episodes), env.progress) as bar:
+        await play_all([lambda episode=episode: episode for episode in episodes], env._engine_for_call(), len(episodes), lambda *_: bar.update())
     for episode in episodes:
         if episode.failures:
             raise episode.failures[0].error

@@ -26,6 +26,7 @@ from textenv.environment.syntax import (
 from textenv.checks import check_positive_int, check_prompt, check_queries
 from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
+from textenv.logs import progress_bar
 from textenv.padding import ensure_pad_token
 from textenv.tools.base import tools_by_name
 from textenv.tools.json_calls import check_tool_format
@@ -78,6 +79,8 @@ class TextEnvironment:
             the one the chat template writes.
         chat_template (`str`, *optional*): with `tool_format="json"`, a template to use instead of the
             tokenizer's (default: the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
+        progress (`bool`, defaults to `False`): show a progress bar over the episodes of each `run`
+            (continuous turn order; on the main process only).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class TextEnvironment:
         tool_format: str = "tags",
         tool_parser: str | Callable | None = None,
         chat_template: str | None = None,
+        progress: bool = False,
     ):
         if model is None or tokenizer is None:
             raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
@@ -120,6 +124,7 @@ class TextEnvironment:
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
         self.batch_size = batch_size
         self.tool_timeout = tool_timeout
+        self.progress = progress
         if turn_order not in (None, CONTINUOUS, LOCKSTEP) or (tool_format == "json" and turn_order == LOCKSTEP):
             raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r} (tags only), got {turn_order!r}.")
         self.turn_order = turn_order
@@ -208,7 +213,8 @@ class TextEnvironment:
     async def _play(self, histories: list[TextHistory]) -> list[TextHistory]:
         """The same turns per episode as the lockstep order, each episode at its own pace."""
         episodes = [_ToolEpisode(self, history) for history in histories]
-        await play_all([lambda episode=episode: episode for episode in episodes], self._engine_for_call(), len(episodes))
+        with progress_bar(len(episodes), self.progress) as bar:
+            await play_all([lambda episode=episode: episode for episode in episodes], self._engine_for_call(), len(episodes), lambda *_: bar.update())
         for episode in episodes:
             if episode.failures:
                 raise episode.failures[0].error
