@@ -5,7 +5,18 @@ A tool is anything that turns the model's query string into a response string:
 * a plain function or lambda, ``fn(query) -> str``;
 * an object with ``__call__(query)``;
 * an ``async`` function or an object with an ``async __call__``;
-* a smolagents-style ``Tool`` object: a ``name`` attribute and a ``forward(query)`` method.
+* a smolagents ``Tool`` (a subclass of ``smolagents.Tool``, including the ``@tool`` decorator's tools and
+  smolagents' own tools such as ``PythonInterpreterTool``);
+* a smolagents-style duck-typed object (legacy TRL): a ``name`` attribute and a ``forward(query)`` method.
+
+A real smolagents ``Tool`` is always called through ``Tool.__call__``, the way smolagents' own agents call
+it: ``tool(**arguments, sanitize_inputs_outputs=True)``. ``__call__`` runs the tool's ``setup()`` on first
+use and converts agent types in its inputs and output. For the one-string tag syntax the query becomes the
+tool's single input (its only input, or its only one not marked ``"nullable"``; a tool without inputs is
+called without arguments); a tool that needs several inputs cannot be called from one string and answers
+a ``"Tool error: ..."`` asking for JSON tool calls (``tool_format="json"``). A duck-typed ``name`` +
+``forward`` object that is not a smolagents ``Tool`` is called through ``forward``, unless its class
+defines ``__call__`` itself. smolagents is never imported here: a tool is recognised by its classes.
 
 Responses that are not strings are converted with ``str()``; an exception becomes ``"Tool error: ..."``.
 """
@@ -62,14 +73,47 @@ def _is_smolagents_style(tool: Any) -> bool:
 
 
 def _callable_of(tool: Any) -> Callable[[str], Any]:
+    if _is_smolagents_tool(tool):
+        return lambda query: _call_smolagents_tool_on_query(tool, query)
     if _is_smolagents_style(tool) and not _is_plain_callable_object(tool):
         return tool.forward
     return tool
 
 
+def _is_smolagents_tool(tool: Any) -> bool:
+    """Whether ``tool`` is an instance of ``smolagents.Tool``, checked without importing smolagents."""
+    return any(
+        cls.__name__ == "Tool" and (cls.__module__ == "smolagents" or cls.__module__.startswith("smolagents."))
+        for cls in type(tool).__mro__
+    )
+
+
+def _call_smolagents_tool_on_query(tool: Any, query: str) -> Any:
+    """Call a smolagents ``Tool`` on the one query string of the tag syntax, through ``Tool.__call__``.
+
+    Raises:
+        ValueError: the tool needs more than one input, which one string cannot fill.
+    """
+    inputs = dict(getattr(tool, "inputs", None) or {})
+    if not inputs:
+        return tool(sanitize_inputs_outputs=True)
+    if len(inputs) == 1:
+        (input_name,) = inputs
+    else:
+        required = [name for name, spec in inputs.items() if not (isinstance(spec, dict) and spec.get("nullable"))]
+        if len(required) != 1:
+            raise ValueError(
+                f"the smolagents tool {getattr(tool, 'name', type(tool).__name__)!r} takes several inputs "
+                f"({', '.join(inputs)}), which one query string cannot fill. Call it with JSON tool calls "
+                '(TextEnvironment(..., tool_format="json")).'
+            )
+        (input_name,) = required
+    return tool(**{input_name: query}, sanitize_inputs_outputs=True)
+
+
 def _is_plain_callable_object(tool: Any) -> bool:
-    # smolagents Tools define __call__ that wraps forward with input sanitising; torch modules too.
-    # Only prefer __call__ when the object defines it itself rather than inheriting a framework's.
+    # A duck-typed name + forward object (real smolagents Tools are handled before this) may inherit a
+    # framework's __call__ (a torch module's): prefer __call__ only when its own class defines it.
     call = getattr(type(tool), "__call__", None)
     forward = getattr(type(tool), "forward", None)
     return call is not None and forward is not None and "__call__" in type(tool).__dict__
@@ -94,8 +138,11 @@ def call_tool(tool: Any, query: str, timeout: float | None = None) -> str:
 
 def call_tool_with_arguments(tool: Any, arguments: dict[str, Any], timeout: float | None = None) -> str:
     """Call ``tool(**arguments)`` (a JSON tool call) and return its response as a string, as `call_tool`
-    does: awaited if async, exceptions and timeouts as ``"Tool error: ..."`` text. A smolagents tool is
-    called through its ``__call__``, which checks and converts its inputs."""
+    does: awaited if async, exceptions and timeouts as ``"Tool error: ..."`` text. A smolagents ``Tool`` is
+    called as smolagents' agents call it, ``tool(**arguments, sanitize_inputs_outputs=True)``: its
+    ``__call__`` runs ``setup()`` on first use and converts agent types in its inputs and output."""
+    if _is_smolagents_tool(tool):
+        return _call_with_timeout(lambda: tool(**arguments, sanitize_inputs_outputs=True), timeout)
     return _call_with_timeout(lambda: tool(**arguments), timeout)
 
 
@@ -118,7 +165,8 @@ def _response_of(call: Callable[[], Any]) -> str:
             result = run_sync(result)
     except Exception as error:  # noqa: BLE001 - any tool failure becomes text for the model
         return f"{TOOL_ERROR_PREFIX}{error}"
-    return result if isinstance(result, str) else _to_text(result)
+    # exactly str: a str subclass (smolagents' AgentText) becomes plain text
+    return result if type(result) is str else _to_text(result)
 
 
 def _to_text(result: Any) -> str:
