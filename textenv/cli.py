@@ -8,6 +8,7 @@ function that runs it. Add one with `@subcommand("name", help=...)` on a ``run(a
     textenv rollout   --model M --dataset rows.jsonl --gym_env NAME --max_turns N --output completions.jsonl
     textenv train-gym --model M --dataset rows.jsonl --gym_env NAME --steps S --output completions.jsonl
     textenv demo      [--quick] [--budget-minutes M] [--output-dir DIR] [--mixed-precision bf16]
+    textenv train     --task calculator|gym [--dataset rows.jsonl] [--config run.yaml] [PPOConfig / ModelConfig options]
 """
 
 from __future__ import annotations
@@ -217,6 +218,7 @@ def train_gym(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 delegate("demo", "textenv.demo", help="train the calculator agent on the bundled model and report held-out accuracy (the main job)")
+delegate("train", "textenv.training.command", help="PPO training of a TextEnvironment task or a Gym dataset, with TRL-style options and --config")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,6 +45,8 @@ def load_policy(
     lora_layers: int = 0,
     value_head_init_std: float = 0.0,
     seed: int = 0,
+    peft_config: Any = None,
+    dtype: Any = None,
 ) -> tuple[Any, Any]:
     """Load the policy to train or to run, in eval mode, and its tokenizer.
 
@@ -64,6 +66,10 @@ def load_policy(
         value_head_init_std (`float`, defaults to 0): start a new value head with weights ~ N(0, this) and
             bias 0; 0 keeps PyTorch's default initialisation.
         seed (`int`, defaults to 0): the weights of the tiny model.
+        peft_config (`peft.PeftConfig`, *optional*): adapters to train, given whole (e.g. from TRL's
+            `get_peft_config`); replaces `lora_rank` / `lora_layers`. Needs `value_head`.
+        dtype (`str` or `torch.dtype`, *optional*): the weights' dtype (`"bfloat16"`, `"float32"`, `"auto"`);
+            `None`: the checkpoint's default (float32 for the bundled model).
 
     Returns:
         `(model, tokenizer)`.
@@ -75,21 +81,24 @@ def load_policy(
 
     from textenv.models import load_tokenizer, resolve_model_path, tiny_causal_lm
 
-    if lora_rank and not value_head:
-        raise ValueError("LoRA adapters are trained with PPO: lora_rank needs value_head=True.")
+    if (lora_rank or peft_config is not None) and not value_head:
+        raise ValueError("LoRA adapters are trained with PPO: lora_rank / peft_config need value_head=True.")
+    load_options: dict[str, Any] = {} if dtype in (None, "None") else {"dtype": dtype}
     if model == TINY_MODEL:
         source, tokenizer = tiny_causal_lm(seed=seed), load_tokenizer()
     else:
         source = resolve_model_path(model)
         tokenizer = load_tokenizer(source)
     if not value_head:
-        policy = AutoModelForCausalLM.from_pretrained(source) if isinstance(source, str) else source
+        policy = AutoModelForCausalLM.from_pretrained(source, **load_options) if isinstance(source, str) else source
         return policy.to(device).eval(), tokenizer
 
     from textenv.ppo import AutoModelForCausalLMWithValueHead
 
-    options: dict[str, Any] = {}
-    if lora_rank:
+    options: dict[str, Any] = dict(load_options) if isinstance(source, str) else {}
+    if peft_config is not None:
+        options["peft_config"] = peft_config
+    elif lora_rank:
         config = AutoConfig.from_pretrained(source) if isinstance(source, str) else source.config
         options["peft_config"] = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
     if value_head_init_std > 0:

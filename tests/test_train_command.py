@@ -1,0 +1,67 @@
+"""`textenv train`: TRL-style options (TrlParser, --config, ModelConfig / get_peft_config) and runs of both
+front ends with checkpoints, the final model and a tracker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from textenv.cli import run_command
+from textenv.ppo.checkpoint import is_complete_checkpoint
+from textenv.training.command import parse
+
+TINY = ["--model_name_or_path", "tiny", "--steps", "2", "--batch_size", "2", "--mini_batch_size", "1", "--max_new_tokens", "3", "--no_progress"]
+
+
+def test_config_file_values_are_overridden_by_the_command_line(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("model_name_or_path: tiny\nlearning_rate: 0.001\nmax_turns: 5\nbatch_size: 4\nmini_batch_size: 2\n")
+    ppo_config, run, model = parse(["--config", str(config), "--learning-rate", "2e-5"])
+    assert ppo_config.learning_rate == 2e-5 and ppo_config.batch_size == 4 and run.max_turns == 5
+    assert model.model_name_or_path == "tiny"
+
+
+@pytest.mark.parametrize("flag", ["--max_turns", "--max-turns"])
+def test_both_spellings(flag):
+    assert parse([flag, "7"])[1].max_turns == 7
+
+
+def test_lora_flags_go_through_trl_get_peft_config():
+    from trl import get_peft_config
+
+    _, _, model = parse(["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"])
+    peft_config = get_peft_config(model)
+    assert peft_config.r == 4 and peft_config.lora_alpha == 8 and set(peft_config.target_modules) == {"q_proj", "v_proj"}
+    assert get_peft_config(parse([])[2]) is None
+
+
+def test_report_to_sets_the_tracker_and_its_folder(tmp_path):
+    ppo_config, _, _ = parse(["--report_to", "tensorboard", "--output_dir", str(tmp_path)])
+    assert ppo_config.log_with == "tensorboard" and ppo_config.project_kwargs["logging_dir"] == str(tmp_path / "runs")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--task", "chess"], "--task must be one of"), (["--task", "gym"], "needs --dataset"), (["--report_to", "mlflow"], "--report_to must be")],
+)
+def test_bad_options_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse(argv)
+
+
+def test_calculator_run_saves_checkpoints_the_final_model_and_tensorboard_logs(tmp_path):
+    result = run_command(["train", *TINY, "--output_dir", str(tmp_path), "--save_steps", "1", "--report_to", "tensorboard"])
+    assert result["steps"] == 1 and len(result["reward_means"]) == 1
+    assert is_complete_checkpoint(tmp_path / "checkpoint-1")
+    assert any((tmp_path / "final").glob("*.safetensors"))
+    assert list((tmp_path / "runs").rglob("events.out.tfevents.*"))
+
+
+def test_gym_run_writes_completions(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"query": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(3)) + "\n")
+    result = run_command(["train", *TINY, "--task", "gym", "--dataset", str(rows), "--gym_env", "tool_env", "--output_dir", str(tmp_path / "out")])
+    assert result["steps"] == 1
+    lines = (tmp_path / "out" / "completions.jsonl").read_text().splitlines()
+    assert len(lines) >= 2 and json.loads(lines[0])["env"] == "tool_env"

@@ -1,0 +1,136 @@
+"""`textenv train`: one training command for TextEnvironment tasks and Gym datasets, parsed the TRL way.
+
+Options are three dataclasses read by TRL's `TrlParser` (an `HfArgumentParser`): `PPOConfig` (the PPO
+settings), `RunArguments` (the task, the data, the run) and TRL's `ModelConfig` (the model, its dtype and
+the LoRA flags, turned into adapters by TRL's `get_peft_config`). ``--config run.yaml`` reads any of them
+from a file; command-line values override the file. Every option takes both spellings, ``--max_turns`` and
+``--max-turns``.
+
+    textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --steps 320 --batch_size 16
+    textenv train --task gym --dataset rows.jsonl --gym_env tool_env --report_to tensorboard --save_steps 5
+    textenv train --config run.yaml --learning_rate 1e-5
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from textenv.logs import setup_logging
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("calculator", "gym")
+
+
+@dataclass
+class RunArguments:
+    """The run: which task, which data, where it goes (the model and PPO settings have their own classes)."""
+
+    task: str = field(default="calculator", metadata={"help": "'calculator' (TextEnvironment with the Calculator tool) or 'gym' (rows of --dataset)"})
+    dataset: Optional[str] = field(default=None, metadata={"help": "gym rows: a .jsonl / .json file"})
+    gym_env: Optional[str] = field(default=None, metadata={"help": "env name for rows without env_config.name"})
+    external_plugins: Optional[str] = field(default=None, metadata={"help": "plugin .py file registering envs"})
+    loss_scale: str = field(default="all", metadata={"help": "gym: last_round, default or all"})
+    tool_format: str = field(default="tags", metadata={"help": "calculator: 'tags' or 'json' tool calls"})
+    device: str = field(default="cpu", metadata={"help": "torch device of the policy (cpu, cuda, ...)"})
+    max_turns: int = field(default=3, metadata={"help": "model turns per episode"})
+    max_new_tokens: int = field(default=24, metadata={"help": "tokens per model turn"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts"})
+    output_dir: str = field(default="outputs/train", metadata={"help": "checkpoints, logs, completions.jsonl and the final model"})
+    save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N PPO steps (0: only the final model)"})
+    report_to: str = field(default="none", metadata={"help": "tracker: none, tensorboard, wandb or trackio"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning, error (other ranks: warning)"})
+    no_progress: bool = field(default=False, metadata={"help": "no progress bars"})
+
+
+def parse(argv: Optional[Sequence[str]] = None) -> tuple[Any, RunArguments, Any]:
+    """`(ppo_config, run_arguments, model_config)` from the command line (and ``--config`` file).
+
+    Raises:
+        ValueError: an unknown task or tracker, or a gym task without a dataset.
+    """
+    from trl import ModelConfig, TrlParser
+
+    from textenv.ppo import PPOConfig
+
+    parser = TrlParser((PPOConfig, RunArguments, ModelConfig), prog="textenv train", description=__doc__)
+    ppo_config, run, model = parser.parse_args_and_config(list(argv) if argv is not None else None)
+    if run.task not in TASKS:
+        raise ValueError(f"--task must be one of {list(TASKS)}, got {run.task!r}.")
+    if run.task == "gym" and not run.dataset:
+        raise ValueError("--task gym needs --dataset (a .jsonl file of rows).")
+    if run.report_to not in ("none", "tensorboard", "wandb", "trackio"):
+        raise ValueError(f"--report_to must be none, tensorboard, wandb or trackio, got {run.report_to!r}.")
+    if run.report_to != "none":
+        ppo_config.log_with = run.report_to
+        ppo_config.project_kwargs = {**ppo_config.project_kwargs, "logging_dir": str(Path(run.output_dir) / "runs")}
+    return ppo_config, run, model
+
+
+def build(ppo_config, run: RunArguments, model_config):
+    """The trainer and the episode source of a run."""
+    from trl import get_peft_config
+
+    from textenv.ppo import PPOTrainer
+    from textenv.training.policy import load_policy
+
+    policy, tokenizer = load_policy(
+        model_config.model_name_or_path or "bundled",
+        device=run.device,
+        peft_config=get_peft_config(model_config),
+        dtype=model_config.dtype,
+        seed=ppo_config.seed,
+    )
+    with warnings.catch_warnings():  # the episodes come from an episode source, not from a dataset
+        warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
+        trainer = PPOTrainer(ppo_config, policy, ref_model=None, tokenizer=tokenizer)
+    generation_kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": run.temperature, "max_new_tokens": run.max_new_tokens}
+    return trainer, _episode_source(trainer, tokenizer, run, ppo_config, generation_kwargs)
+
+
+def _episode_source(trainer, tokenizer, run: RunArguments, ppo_config, generation_kwargs: dict):
+    if run.task == "calculator":
+        from textenv.training.calculator import build_calculator_environment, calculator_task_batches
+        from textenv.training.settings import Settings
+
+        settings = Settings(max_turns=run.max_turns, max_new_tokens=run.max_new_tokens, tool_format=run.tool_format)
+        env = build_calculator_environment(trainer.model, tokenizer, settings)
+        env.generation_kwargs = generation_kwargs
+        from textenv.training.sources import TextEnvironmentSource
+
+        batches = calculator_task_batches(ppo_config.batch_size, ppo_config.seed, plain=run.tool_format == "json")
+        return TextEnvironmentSource(env, batches)
+    from textenv.gym import GymScheduler, GymSource, load_plugins, load_rows
+
+    load_plugins(run.external_plugins)
+    scheduler = GymScheduler(
+        trainer.model, tokenizer, gym_env=run.gym_env, max_turns=run.max_turns, loss_scale=run.loss_scale, generation_kwargs=generation_kwargs
+    )
+    return GymSource(scheduler, load_rows(run.dataset), ppo_config.batch_size, completions_path=Path(run.output_dir) / "completions.jsonl")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    """Run `textenv train` and return its figures (steps run, mean rewards, the output folder)."""
+    from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
+    from textenv.training.loop import train
+
+    ppo_config, run, model_config = parse(argv)
+    setup_logging(run.log_level)
+    trainer, episodes = build(ppo_config, run, model_config)
+    output_dir = Path(run.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_step(log) -> None:
+        logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}")
+        if run.save_steps and (log.step + 1) % run.save_steps == 0:
+            logger.info(f"checkpoint: {save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1))}")
+
+    logs = train(trainer, episodes, ppo_config.total_ppo_epochs, on_step=on_step, progress=not run.no_progress)
+    trainer.save_pretrained(str(output_dir / "final"))
+    rewards = [log.reward_mean for log in logs]
+    logger.info(f"steps={len(logs)} reward_means={[round(reward, 3) for reward in rewards]} output_dir={output_dir}")
+    return {"steps": len(logs), "reward_means": rewards, "output_dir": str(output_dir)}
