@@ -65,3 +65,25 @@ def test_gym_run_writes_completions(tmp_path):
     assert result["steps"] == 1
     lines = (tmp_path / "out" / "completions.jsonl").read_text().splitlines()
     assert len(lines) >= 2 and json.loads(lines[0])["env"] == "tool_env"
+
+
+def _stats(result):
+    return [(log.reward_mean, log.kl, float(log.stats["ppo/loss/total"])) for log in result["logs"]]
+
+
+@pytest.mark.parametrize("task", ["calculator", "gym"])
+def test_resume_gives_the_same_next_batches_and_stats_as_an_uninterrupted_run(tmp_path, task):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"query": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(5)) + "\n")
+    data = ["--task", "gym", "--dataset", str(rows), "--gym_env", "tool_env"] if task == "gym" else []
+    argv = ["train", *TINY, "--steps", "6", "--temperature", "1.0", "--max_new_tokens", "6", *data]
+    whole = run_command([*argv, "--output_dir", str(tmp_path / "whole"), "--save_steps", "1"])
+    resumed = run_command([*argv, "--output_dir", str(tmp_path / "whole"), "--resume_from_checkpoint", str(tmp_path / "whole" / "checkpoint-1")])
+    assert whole["steps"] == 3 and resumed["steps"] == 2
+    assert [log.batch.response_texts for log in resumed["logs"]] == [log.batch.response_texts for log in whole["logs"][1:]]
+    assert _stats(resumed) == _stats(whole)[1:]
+
+
+def test_resume_latest_without_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint-N folder"):
+        run_command(["train", *TINY, "--output_dir", str(tmp_path), "--resume_from_checkpoint", "latest"])

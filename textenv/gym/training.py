@@ -63,6 +63,17 @@ class GymSource:
         self.completions_path = completions_path
         self.max_rounds = max_rounds
         self._rows = itertools.cycle(rows)
+        self.rows_used = 0
+
+    def state_dict(self) -> dict:
+        """Where the row cycle is: ``{"rows_used": N}``."""
+        return {"rows_used": self.rows_used}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Skip the rows a saved run had used (on a source built from the same rows)."""
+        skip = int(state.get("rows_used", 0)) - self.rows_used
+        for _ in itertools.islice(self._rows, max(0, skip)):
+            self.rows_used += 1
 
     def collect(self, step: int) -> EpisodeBatch:
         """Run rows until `batch_size` trainable episodes of step `step` are collected.
@@ -73,6 +84,7 @@ class GymSource:
         trainable: List[GymEpisode] = []
         for _ in range(self.max_rounds):
             rows = list(itertools.islice(self._rows, self.batch_size - len(trainable)))
+            self.rows_used += len(rows)
             episodes = self.scheduler.run(rows, step=step, completions_path=self.completions_path)
             trainable.extend(episode for episode in episodes if episode.trainable)
             if len(trainable) == self.batch_size:

@@ -29,8 +29,15 @@ def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step}"
 
 
-def save_checkpoint(trainer, output_dir: str | os.PathLike) -> str:
-    """Write ``output_dir`` atomically (all processes must call this). Returns the folder path."""
+def save_checkpoint(trainer, output_dir: str | os.PathLike, run_state: dict | None = None) -> str:
+    """Write ``output_dir`` atomically (all processes must call this). Returns the folder path.
+
+    Args:
+        trainer (`PPOTrainer`): the trainer to save.
+        output_dir (`str` or `os.PathLike`): the checkpoint folder.
+        run_state (`dict`, *optional*): JSON-serialisable state of the run around the trainer (where the
+            episode source is), saved in the same atomic write and returned by `load_checkpoint`.
+    """
     accelerator = trainer.accelerator
     final = Path(output_dir)
     staging = final.parent / f".{final.name}.tmp"
@@ -49,6 +56,7 @@ def save_checkpoint(trainer, output_dir: str | os.PathLike) -> str:
             "highest_reward": float(trainer.highest_reward),
             "config": trainer.config.to_dict(),
             "num_processes": accelerator.num_processes,
+            "run": run_state or {},
         }
         (staging / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
         _replace_folder(staging, final)
@@ -84,8 +92,12 @@ def find_latest_checkpoint(root: str | os.PathLike) -> str | None:
     return str(max(found)[1]) if found else None
 
 
-def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> None:
+def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> dict:
     """Restore model, optimizer, scheduler, RNG, KL controller, score statistics and step counter.
+
+    Returns:
+        The saved state (``state["step"]``: PPO steps done; ``state["run"]``: the `run_state` given to
+        `save_checkpoint`).
 
     Raises:
         FileNotFoundError: the folder is not a complete checkpoint.
@@ -105,3 +117,4 @@ def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> None:
     import torch
 
     trainer.highest_reward = torch.tensor(float(state["highest_reward"]))
+    return state

@@ -42,6 +42,9 @@ class RunArguments:
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts"})
     output_dir: str = field(default="outputs/train", metadata={"help": "checkpoints, logs, completions.jsonl and the final model"})
     save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N PPO steps (0: only the final model)"})
+    resume_from_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "a checkpoint-N folder, or 'latest' for the newest complete one under --output_dir"}
+    )
     report_to: str = field(default="none", metadata={"help": "tracker: none, tensorboard, wandb or trackio"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error (other ranks: warning)"})
     no_progress: bool = field(default=False, metadata={"help": "no progress bars"})
@@ -113,8 +116,27 @@ def _episode_source(trainer, tokenizer, run: RunArguments, ppo_config, generatio
     return GymSource(scheduler, load_rows(run.dataset), ppo_config.batch_size, completions_path=Path(run.output_dir) / "completions.jsonl")
 
 
+def resume(trainer, episodes, run: RunArguments) -> int:
+    """Load `run.resume_from_checkpoint` into the trainer and the episode source; returns the steps done.
+
+    Raises:
+        FileNotFoundError: no complete checkpoint there (or, for ``latest``, under `run.output_dir`).
+    """
+    from textenv.ppo.checkpoint import find_latest_checkpoint, load_checkpoint
+
+    path = run.resume_from_checkpoint
+    if path == "latest":
+        path = find_latest_checkpoint(run.output_dir)
+        if path is None:
+            raise FileNotFoundError(f"--resume_from_checkpoint latest: no complete checkpoint-N folder under {run.output_dir}.")
+    state = load_checkpoint(trainer, path)
+    episodes.load_state_dict(state.get("run", {}).get("source", {}))
+    logger.info(f"resumed from {path} after {state['step']} steps")
+    return int(state["step"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    """Run `textenv train` and return its figures (steps run, mean rewards, the output folder)."""
+    """Run `textenv train` and return its figures (steps run, mean rewards, the output folder, the step logs)."""
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
     from textenv.training.loop import train
 
@@ -123,14 +145,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     trainer, episodes = build(ppo_config, run, model_config)
     output_dir = Path(run.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
 
     def on_step(log) -> None:
         logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}")
         if run.save_steps and (log.step + 1) % run.save_steps == 0:
-            logger.info(f"checkpoint: {save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1))}")
+            folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), {"source": episodes.state_dict()})
+            logger.info(f"checkpoint: {folder}")
 
-    logs = train(trainer, episodes, ppo_config.total_ppo_epochs, on_step=on_step, progress=not run.no_progress)
+    logs = train(trainer, episodes, ppo_config.total_ppo_epochs, on_step=on_step, progress=not run.no_progress, start_step=start_step)
     trainer.save_pretrained(str(output_dir / "final"))
     rewards = [log.reward_mean for log in logs]
     logger.info(f"steps={len(logs)} reward_means={[round(reward, 3) for reward in rewards]} output_dir={output_dir}")
-    return {"steps": len(logs), "reward_means": rewards, "output_dir": str(output_dir)}
+    return {"steps": len(logs), "reward_means": rewards, "output_dir": str(output_dir), "logs": logs}

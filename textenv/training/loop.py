@@ -52,6 +52,7 @@ def train(
     on_step: Callable[[StepLog], None] | None = None,
     deadline: float | None = None,
     progress: bool = True,
+    start_step: int = 0,
 ) -> list[StepLog]:
     """Run `steps` PPO steps on episodes from `episodes`.
 
@@ -64,6 +65,7 @@ def train(
         deadline (`float`, *optional*): a `time.perf_counter()` value; no step is started that would, at the
             mean speed of the steps so far, end after it (the first step always runs). `None`: run all `steps`.
         progress (`bool`, defaults to `True`): show a tqdm progress bar with the reward and the KL.
+        start_step (`int`, defaults to 0): the first step to run (a resumed run's steps already done).
 
     Returns:
         One `StepLog` per step that ran.
@@ -72,7 +74,7 @@ def train(
 
     logs: list[StepLog] = []
     started = time.perf_counter()
-    bar = tqdm(range(steps), desc="PPO", unit="step", disable=not progress)
+    bar = tqdm(range(start_step, steps), desc="PPO", unit="step", disable=not progress, initial=start_step, total=steps)
     for step in bar:
         if deadline is not None and logs:
             mean_step_seconds = (time.perf_counter() - started) / len(logs)

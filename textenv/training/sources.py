@@ -45,7 +45,8 @@ class EpisodeBatch:
 
 
 class EpisodeSource(Protocol):
-    """Anything that plays one PPO step's episodes: ``collect(step) -> EpisodeBatch``."""
+    """Anything that plays one PPO step's episodes: ``collect(step) -> EpisodeBatch``. A source that can be
+    resumed also has ``state_dict()`` and ``load_state_dict(state)``."""
 
     def collect(self, step: int) -> EpisodeBatch:
         """Play the episodes of PPO step `step` (0-based)."""
@@ -69,10 +70,22 @@ class TextEnvironmentSource:
     def __init__(self, env: TextEnvironment, task_batches: Iterator[tuple[list[str], Sequence[Any]]]):
         self.env = env
         self.task_batches = task_batches
+        self.batches_drawn = 0
+
+    def state_dict(self) -> dict:
+        """Where the task stream is: ``{"batches_drawn": N}``."""
+        return {"batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Skip to where `state` was, on a fresh stream built as the saved one was (it is replayed)."""
+        for _ in range(int(state.get("batches_drawn", 0)) - self.batches_drawn):
+            next(self.task_batches)
+            self.batches_drawn += 1
 
     def collect(self, step: int) -> EpisodeBatch:
         """Run the next batch of tasks through the environment; the score is the episode's reward."""
         queries, answers = next(self.task_batches)
+        self.batches_drawn += 1
         query_tokens, responses, masks, rewards, histories = self.env.run(queries, answers=answers)
         return EpisodeBatch(
             queries=query_tokens,
