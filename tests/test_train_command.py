@@ -87,3 +87,30 @@ def test_resume_gives_the_same_next_batches_and_stats_as_an_uninterrupted_run(tm
 def test_resume_latest_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no complete checkpoint-N folder"):
         run_command(["train", *TINY, "--output_dir", str(tmp_path), "--resume_from_checkpoint", "latest"])
+
+
+def test_push_to_hub_uploads_the_final_folder_with_a_model_card(tmp_path, monkeypatch):
+    # The hub is not reachable here: record what would be sent instead.
+    import huggingface_hub
+
+    calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        folder = kwargs["folder_path"]
+        calls.append(("upload_folder", kwargs["repo_id"], sorted(path.name for path in __import__("pathlib").Path(folder).iterdir())))
+        calls.append(("card", (tmp_path / "out" / "final" / "README.md").read_text()))
+        return "https://huggingface.co/me/calc/commit/1"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    run_command(["train", *TINY, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "--hub_model_id", "me/calc", "--hub_token", "secret-token"])
+    assert calls[0] == ("create_repo", "me/calc", {"private": None, "exist_ok": True})
+    name, repo_id, files = calls[1]
+    assert name == "upload_folder" and repo_id == "me/calc"
+    assert {"README.md", "tokenizer.json", "config.json"} <= set(files) and any(file.endswith(".safetensors") for file in files)
+    card = calls[2][1]
+    assert card.startswith("---\nlibrary_name: textenv") and "base_model: tiny" in card and "# me/calc" in card
+    assert "secret-token" not in card and '"max_turns"' in card

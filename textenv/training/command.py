@@ -46,6 +46,10 @@ class RunArguments:
         default=None, metadata={"help": "a checkpoint-N folder, or 'latest' for the newest complete one under --output_dir"}
     )
     report_to: str = field(default="none", metadata={"help": "tracker: none, tensorboard, wandb or trackio"})
+    push_to_hub: bool = field(default=False, metadata={"help": "upload the final model, tokenizer and a model card"})
+    hub_model_id: Optional[str] = field(default=None, metadata={"help": "the hub repository (default: the output folder's name)"})
+    hub_token: Optional[str] = field(default=None, metadata={"help": "hub token (default: the logged-in one)"})
+    hub_private_repo: Optional[bool] = field(default=None, metadata={"help": "create the repository private"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error (other ranks: warning)"})
     no_progress: bool = field(default=False, metadata={"help": "no progress bars"})
 
@@ -135,6 +139,28 @@ def resume(trainer, episodes, run: RunArguments) -> int:
     return int(state["step"])
 
 
+def push(folder: Path, ppo_config, run: RunArguments, model_config, rewards: list[float]) -> str:
+    """Upload the final model folder with a model card (see `textenv.training.hub`)."""
+    from dataclasses import asdict
+
+    from textenv.training.hub import push_folder
+
+    repo_id = run.hub_model_id or Path(run.output_dir).resolve().name
+    summary = {
+        "base_model": model_config.model_name_or_path or "bundled",
+        "task_description": f"the {run.task} task" + (f" ({run.dataset})" if run.dataset else ""),
+        "steps": ppo_config.total_ppo_epochs,
+        "batch_size": ppo_config.batch_size,
+        "learning_rate": ppo_config.learning_rate,
+        "adapters": f"LoRA r={model_config.lora_r}" if model_config.use_peft else "none (all weights)",
+        "rewards": [round(reward, 3) for reward in rewards[-5:]],
+        "options": {"run": {k: v for k, v in asdict(run).items() if k != "hub_token"}, "model": asdict(model_config)},
+    }
+    url = push_folder(folder, repo_id, summary, token=run.hub_token, private=run.hub_private_repo)
+    logger.info(f"pushed to the hub: {url}")
+    return url
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Run `textenv train` and return its figures (steps run, mean rewards, the output folder, the step logs)."""
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
@@ -156,5 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     logs = train(trainer, episodes, ppo_config.total_ppo_epochs, on_step=on_step, progress=not run.no_progress, start_step=start_step)
     trainer.save_pretrained(str(output_dir / "final"))
     rewards = [log.reward_mean for log in logs]
+    if run.push_to_hub and trainer.accelerator.is_main_process:
+        push(output_dir / "final", ppo_config, run, model_config, rewards)
     logger.info(f"steps={len(logs)} reward_means={[round(reward, 3) for reward in rewards]} output_dir={output_dir}")
     return {"steps": len(logs), "reward_means": rewards, "output_dir": str(output_dir), "logs": logs}
