@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from accelerate.utils import gather_object
+
 from textenv.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -109,15 +111,19 @@ def _episode_source(trainer, tokenizer, run: RunArguments, ppo_config, generatio
         env.generation_kwargs = generation_kwargs
         from textenv.training.sources import TextEnvironmentSource
 
-        batches = calculator_task_batches(ppo_config.batch_size, ppo_config.seed, plain=run.tool_format == "json")
-        return TextEnvironmentSource(env, batches)
+        # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
+        seed = ppo_config.seed + trainer.accelerator.process_index
+        return TextEnvironmentSource(env, calculator_task_batches(ppo_config.batch_size, seed, plain=run.tool_format == "json"))
     from textenv.gym import GymScheduler, GymSource, load_plugins, load_rows
 
     load_plugins(run.external_plugins)
     scheduler = GymScheduler(
         trainer.model, tokenizer, gym_env=run.gym_env, max_turns=run.max_turns, loss_scale=run.loss_scale, generation_kwargs=generation_kwargs
     )
-    return GymSource(scheduler, load_rows(run.dataset), ppo_config.batch_size, completions_path=Path(run.output_dir) / "completions.jsonl")
+    accelerator = trainer.accelerator
+    rows = load_rows(run.dataset)[accelerator.process_index :: accelerator.num_processes]  # each process its share
+    completions = Path(run.output_dir) / "completions.jsonl" if accelerator.is_main_process else None
+    return GymSource(scheduler, rows, ppo_config.batch_size, completions_path=completions)
 
 
 def resume(trainer, episodes, run: RunArguments) -> int:
@@ -134,7 +140,11 @@ def resume(trainer, episodes, run: RunArguments) -> int:
         if path is None:
             raise FileNotFoundError(f"--resume_from_checkpoint latest: no complete checkpoint-N folder under {run.output_dir}.")
     state = load_checkpoint(trainer, path)
-    episodes.load_state_dict(state.get("run", {}).get("source", {}))
+    sources = state.get("run", {}).get("sources", [])
+    rank = trainer.accelerator.process_index
+    if len(sources) != trainer.accelerator.num_processes:
+        raise ValueError(f"{path} was saved by {len(sources)} processes; resume it with as many (now {trainer.accelerator.num_processes}).")
+    episodes.load_state_dict(sources[rank])
     logger.info(f"resumed from {path} after {state['step']} steps")
     return int(state["step"])
 
@@ -161,6 +171,28 @@ def push(folder: Path, ppo_config, run: RunArguments, model_config, rewards: lis
     return url
 
 
+def check_ranks_agree(trainer) -> str:
+    """The SHA-256 of the trained weights, checked to be the same on every process.
+
+    Raises:
+        RuntimeError: the processes hold different weights (they did not train in lockstep).
+    """
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, parameter in sorted(trainer.accelerator.unwrap_model(trainer.model).named_parameters()):
+        if parameter.requires_grad:
+            digest.update(name.encode())
+            digest.update(parameter.detach().to("cpu", torch.float32).numpy().tobytes())
+    hashes = gather_object([digest.hexdigest()])
+    if len(set(hashes)) != 1:
+        raise RuntimeError(f"the processes hold different weights after training: {hashes}")
+    logger.info(f"trained weights identical on {len(hashes)} process(es): sha256 {hashes[0][:16]}")
+    return hashes[0]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Run `textenv train` and return its figures (steps run, mean rewards, the output folder, the step logs)."""
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
@@ -176,11 +208,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     def on_step(log) -> None:
         logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}")
         if run.save_steps and (log.step + 1) % run.save_steps == 0:
-            folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), {"source": episodes.state_dict()})
+            sources = gather_object([episodes.state_dict()])  # one per process, in rank order
+            folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), {"sources": sources})
             logger.info(f"checkpoint: {folder}")
 
     logs = train(trainer, episodes, ppo_config.total_ppo_epochs, on_step=on_step, progress=not run.no_progress, start_step=start_step)
-    trainer.save_pretrained(str(output_dir / "final"))
+    check_ranks_agree(trainer)
+    trainer.save_pretrained(str(output_dir / "final"))  # every process calls it; the main one writes
     rewards = [log.reward_mean for log in logs]
     if run.push_to_hub and trainer.accelerator.is_main_process:
         push(output_dir / "final", ppo_config, run, model_config, rewards)
