@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+DDP_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "ddp.yaml"
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -23,9 +25,8 @@ def _free_port() -> int:
 def launch(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
     textenv_script = shutil.which("textenv", path=str(Path(sys.executable).parent))
     command = [
-        # --multi_gpu on a machine without CUDA: torchrun starts the processes, accelerate picks gloo (MULTI_CPU).
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        # The README's recipe: the DDP config on a machine without CUDA starts CPU processes on gloo (MULTI_CPU).
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG), "--main_process_port", str(_free_port()),
         textenv_script, "train", *arguments,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
