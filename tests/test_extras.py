@@ -23,7 +23,8 @@ def test_importing_the_core_pulls_no_optional_package():
 
 
 def test_a_missing_optional_package_names_its_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail, even after an earlier import
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(MissingExtraError, match=r"the demo's reward curve needs the `matplotlib` package.*pip install 'textenv\[demo\]'"):
         require("matplotlib.pyplot", "the demo's reward curve")
 
