@@ -114,3 +114,20 @@ def test_push_to_hub_uploads_the_final_folder_with_a_model_card(tmp_path, monkey
     card = calls[2][1]
     assert card.startswith("---\nlibrary_name: textenv") and "base_model: tiny" in card and "# me/calc" in card
     assert "secret-token" not in card and '"max_turns"' in card
+
+
+def test_short_aliases_of_the_other_commands():
+    _, _, model = parse(["--model", "tiny", "--lora", "--lora-rank", "8"])
+    assert model.model_name_or_path == "tiny" and model.use_peft and model.lora_r == 8
+    assert parse(["--model=bundled"])[2].model_name_or_path == "bundled"
+
+
+def test_dataset_from_a_datasets_folder(tmp_path):
+    import datasets
+
+    from textenv.training.command import load_dataset_rows
+
+    rows = [{"query": "What is 1+1?", "answer": "2"}, {"query": "What is 2+2?", "answer": "4"}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "plain"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "split"))
+    assert load_dataset_rows(str(tmp_path / "plain")) == rows == load_dataset_rows(str(tmp_path / "split"))

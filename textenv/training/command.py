@@ -33,7 +33,7 @@ class RunArguments:
     """The run: which task, which data, where it goes (the model and PPO settings have their own classes)."""
 
     task: str = field(default="calculator", metadata={"help": "'calculator' (TextEnvironment with the Calculator tool) or 'gym' (rows of --dataset)"})
-    dataset: Optional[str] = field(default=None, metadata={"help": "gym rows: a .jsonl / .json file"})
+    dataset: Optional[str] = field(default=None, metadata={"help": "gym rows: a .jsonl / .json file, a datasets folder (save_to_disk) or a hub dataset id"})
     gym_env: Optional[str] = field(default=None, metadata={"help": "env name for rows without env_config.name"})
     external_plugins: Optional[str] = field(default=None, metadata={"help": "plugin .py file registering envs"})
     loss_scale: str = field(default="all", metadata={"help": "gym: last_round, default or all"})
@@ -56,6 +56,37 @@ class RunArguments:
     no_progress: bool = field(default=False, metadata={"help": "no progress bars"})
 
 
+# Short names users know from the other commands and the examples.
+ALIASES = {"--model": "--model_name_or_path", "--lora": "--use_peft", "--lora-rank": "--lora_r", "--lora_rank": "--lora_r"}
+
+
+def with_aliases(argv: Optional[Sequence[str]]) -> list[str]:
+    """The command line with `ALIASES` replaced by the option they stand for (``--model=x`` too)."""
+    import sys
+
+    replaced = []
+    for argument in list(sys.argv[1:] if argv is None else argv):
+        name, sep, value = argument.partition("=")
+        replaced.append(ALIASES.get(name, name) + sep + value if name in ALIASES else argument)
+    return replaced
+
+
+def load_dataset_rows(source: str) -> list[dict]:
+    """Rows of a `.jsonl` / `.json` file, a `datasets` folder (`save_to_disk`) or a hub dataset id (its
+    `train` split)."""
+    import datasets
+
+    from textenv.gym import load_rows
+
+    path = Path(source)
+    if path.is_file():
+        return load_rows(path)
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+        return load_rows(loaded["train"] if isinstance(loaded, datasets.DatasetDict) else loaded)
+    return load_rows(datasets.load_dataset(source, split="train"))
+
+
 def parse(argv: Optional[Sequence[str]] = None) -> tuple[Any, RunArguments, Any]:
     """`(ppo_config, run_arguments, model_config)` from the command line (and ``--config`` file).
 
@@ -67,7 +98,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Any, RunArguments, Any]
     from textenv.ppo import PPOConfig
 
     parser = TrlParser((PPOConfig, RunArguments, ModelConfig), prog="textenv train", description=__doc__)
-    ppo_config, run, model = parser.parse_args_and_config(list(argv) if argv is not None else None)
+    ppo_config, run, model = parser.parse_args_and_config(with_aliases(argv))
     if run.task not in TASKS:
         raise ValueError(f"--task must be one of {list(TASKS)}, got {run.task!r}.")
     if run.task == "gym" and not run.dataset:
@@ -114,14 +145,14 @@ def _episode_source(trainer, tokenizer, run: RunArguments, ppo_config, generatio
         # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
         seed = ppo_config.seed + trainer.accelerator.process_index
         return TextEnvironmentSource(env, calculator_task_batches(ppo_config.batch_size, seed, plain=run.tool_format == "json"))
-    from textenv.gym import GymScheduler, GymSource, load_plugins, load_rows
+    from textenv.gym import GymScheduler, GymSource, load_plugins
 
     load_plugins(run.external_plugins)
     scheduler = GymScheduler(
         trainer.model, tokenizer, gym_env=run.gym_env, max_turns=run.max_turns, loss_scale=run.loss_scale, generation_kwargs=generation_kwargs
     )
     accelerator = trainer.accelerator
-    rows = load_rows(run.dataset)[accelerator.process_index :: accelerator.num_processes]  # each process its share
+    rows = load_dataset_rows(run.dataset)[accelerator.process_index :: accelerator.num_processes]  # each process its share
     completions = Path(run.output_dir) / "completions.jsonl" if accelerator.is_main_process else None
     return GymSource(scheduler, rows, ppo_config.batch_size, completions_path=completions)
 
