@@ -250,7 +250,7 @@ def test_gym_tool_env_json_scripted(tokenizer, tmp_path):
     assert messages[2]["tool_calls"][0]["function"] == {"name": "Calculator", "arguments": {"query": "1+1"}}
     assert messages[3]["content"] == "2" and messages[4]["content"].startswith("Tool error: unknown tool 'Nope'")
     assert scheduler.stats.tool_calls == 4 and scheduler.stats.tool_errors == 2
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    lines = sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda line: line["row_index"])
     calls = lines[0]["trajectory_infos"][1]["tool_calls"]
     assert [call["name"] for call in calls] == ["Calculator", "Nope"] and calls[0]["result"] == "2" and calls[1]["error"]
     history = episodes[0].history

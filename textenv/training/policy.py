@@ -82,7 +82,7 @@ def load_policy(
     from textenv.models import load_tokenizer, resolve_model_path, tiny_causal_lm
 
     if (lora_rank or peft_config is not None) and not value_head:
-        raise ValueError("LoRA adapters are trained with PPO: lora_rank / peft_config need value_head=True.")
+        raise ValueError("LoRA adapters are trained with PPO: lora_rank (or peft_config) needs value_head=True.")
     load_options: dict[str, Any] = {} if dtype in (None, "None") else {"dtype": dtype}
     if model == TINY_MODEL:
         source, tokenizer = tiny_causal_lm(seed=seed), load_tokenizer()
