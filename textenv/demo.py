@@ -20,8 +20,8 @@ trains less.
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 import os
 import time
 from dataclasses import replace

@@ -9,8 +9,6 @@ from typing import Optional
 from textenv.chat.conformance import Conformance, check_conformance
 from textenv.chat.renderer import ChatRenderer
 from textenv.chat.templates import tool_chat_template
-from textenv.environment.syntax import CONTROL_TAGS
-from textenv.tools.json_calls import JSON_CONTROL_STRINGS
 from textenv.tools.tool_call_parsers import get_tool_call_parser, parser_for_template
 
 
@@ -32,16 +30,14 @@ class ChatTools:
     def __init__(self, tokenizer, chat_template: Optional[str] = None, tool_parser=None):
         self.chat_template = tool_chat_template(tokenizer, chat_template)
         self.renderer = ChatRenderer(tokenizer, chat_template=self.chat_template)
-        template_text = self.chat_template or tokenizer.chat_template
-        self.parser_name = tool_parser if isinstance(tool_parser, str) else (None if tool_parser else parser_for_template(template_text))
-        self.parse = get_tool_call_parser(tool_parser or self.parser_name)
+        if tool_parser is None:
+            tool_parser = parser_for_template(self.chat_template or tokenizer.chat_template)
+        self.parser_name = tool_parser if isinstance(tool_parser, str) else None
+        self.parse = get_tool_call_parser(tool_parser)
         self.conformance: Conformance = check_conformance(self.renderer.with_tools(_SAMPLE_SCHEMAS))
         self._renderers: dict[str, ChatRenderer] = {}
         if not self.conformance.append_only:
             warnings.warn(f"The chat template is {self.conformance.summary()}.", stacklevel=3)
-
-    def forbidden_strings(self) -> list[str]:
-        return [*self.renderer.special_tokens, *CONTROL_TAGS, *JSON_CONTROL_STRINGS]
 
     def renderer_for(self, schemas: list[dict]) -> ChatRenderer:
         """A renderer that describes `schemas` (one per distinct list, reused)."""

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from textenv.chat.renderer import ChatRenderer, Message, Messages
+from textenv.chat.renderer import ChatRenderer, Message, Messages, tool_call_message
 from textenv.engine.engine import Completion
 from textenv.environment.history import TextHistory
 from textenv.tools.json_calls import openai_tool_calls
@@ -126,14 +126,11 @@ class Transcript:
         parsed = self.tool_parser(content)
         calls = openai_tool_calls(parsed.calls, first_index=self.calls_made)
         self.calls_made += len(calls)
-        return {"role": "assistant", "content": parsed.content, **({"tool_calls": calls} if calls else {})}
-
-    def add_message(self, message: Message) -> None:
-        """Append a non-model message (an observation), rendered by the template."""
-        self._append_rendered([message])
+        return tool_call_message(parsed.content, calls)
 
     def add_messages(self, messages: Messages) -> None:
-        """Append non-model messages (tool results) rendered together, as the template groups them."""
+        """Append non-model messages (an observation, tool results) rendered together, as the template
+        groups them."""
         self._append_rendered(list(messages))
 
     def _append_rendered(self, messages: Messages) -> None:

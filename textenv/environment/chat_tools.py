@@ -16,9 +16,8 @@ from textenv.chat.renderer import Messages
 from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import Transcript
 from textenv.environment.history import TextHistory
-from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS, MAX_TURNS, Episode, StopRule, play_all
-from textenv.logs import progress_bar
-from textenv.tools.json_calls import JsonToolCalls, ToolCallRecord
+from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS, MAX_TURNS, Episode, StopRule
+from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS, JsonToolCalls, ToolCallRecord
 
 
 class ChatToolEpisode(Episode):
@@ -73,7 +72,6 @@ async def play_json_episodes(env, queries) -> list[TextHistory]:
     chat: ChatTools = env._chat_tools
     calls = JsonToolCalls(env.tools, timeout=env.tool_timeout, max_response=env.max_tool_response)
     renderer = chat.renderer_for(calls.schemas())
-    forbidden = chat.forbidden_strings()
     episodes = []
     for index, query in enumerate(queries):
         transcript = Transcript(renderer, opening_messages(env.prompt, query), tool_parser=chat.parse)
@@ -82,14 +80,9 @@ async def play_json_episodes(env, queries) -> list[TextHistory]:
                 f"queries[{index}]: the rendered prompt and query are {transcript.num_tokens} tokens, longer than "
                 f"max_length={env.max_length}. Shorten the prompt or raise max_length."
             )
-        neutralize = lambda text: renderer.neutralize(text, forbidden)  # noqa: E731
+        neutralize = lambda text: renderer.neutralize(text, OBSERVATION_CONTROL_STRINGS)  # noqa: E731
         episodes.append(ChatToolEpisode(transcript, calls, neutralize, env.max_turns, env.max_length, env.generation_kwargs))
-    with progress_bar(len(episodes), env.progress) as bar:
-        await play_all([lambda episode=episode: episode for episode in episodes], env._engine_for_call(), len(episodes), lambda *_: bar.update())
-    for episode in episodes:
-        if episode.failures:
-            raise episode.failures[0].error
-    return [episode.history() for episode in episodes]
+    return [episode.history() for episode in await env._play_episodes(episodes)]
 
 
 def opening_messages(prompt, query: str) -> Messages:

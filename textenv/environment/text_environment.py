@@ -212,13 +212,18 @@ class TextEnvironment:
 
     async def _play(self, histories: list[TextHistory]) -> list[TextHistory]:
         """The same turns per episode as the lockstep order, each episode at its own pace."""
-        episodes = [_ToolEpisode(self, history) for history in histories]
+        episodes = await self._play_episodes([_ToolEpisode(self, history) for history in histories])
+        return [episode.history for episode in episodes]
+
+    async def _play_episodes(self, episodes: list[Episode]) -> list[Episode]:
+        """Play `episodes` on the engine (with the progress bar if asked); the first error of an episode
+        is raised, as legacy TRL raised it."""
         with progress_bar(len(episodes), self.progress) as bar:
             await play_all([lambda episode=episode: episode for episode in episodes], self._engine_for_call(), len(episodes), lambda *_: bar.update())
         for episode in episodes:
             if episode.failures:
                 raise episode.failures[0].error
-        return [episode.history for episode in episodes]
+        return episodes
 
     def _react(self, history: TextHistory, completion) -> TextHistory:
         """Record the model's turn, end the episode or answer its tool call."""

@@ -13,15 +13,14 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
-from textenv.environment.syntax import CONTROL_TAGS
-from textenv.tools.json_calls import JSON_CONTROL_STRINGS
+from textenv.chat.transcript import Transcript
 from textenv.episodes.driver import FINISH_ERROR, MAX_TURNS, Episode, EpisodeFailure, StopRule, Timeouts
 from textenv.gym.env import ContextManager, Env
 from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
 from textenv.gym.registry import resolve_context_manager, resolve_env
 from textenv.gym.rows import make_request
-from textenv.chat.transcript import Transcript
 from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
+from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS
 
 
 class GymPlay(Episode):
@@ -82,11 +81,9 @@ class GymPlay(Episode):
         return chat.renderer_for(list(schemas)), chat.parse
 
     def context(self) -> torch.Tensor:
-        if isinstance(self.observation, list):
-            self.transcript.add_messages([{**message, "content": self._observation_text(message["content"])} for message in self.observation])
-            self.observation = None
-        elif self.observation is not None:
-            self.transcript.add_message({"role": "user", "content": self._observation_text(self.observation)})
+        if self.observation is not None:  # a user message, or tool results rendered together
+            messages = self.observation if isinstance(self.observation, list) else [{"role": "user", "content": self.observation}]
+            self.transcript.add_messages([{**message, "content": self._observation_text(message["content"])} for message in messages])
             self.observation = None
         managed = self.manager.manage_context(self.transcript.messages, self.result.trajectory_id)
         self.transcript.apply_context(check_managed_messages(managed, type(self.manager).__name__))
@@ -140,7 +137,7 @@ class GymPlay(Episode):
 
     # ------------------------------------------------------------------ helpers
     def _observation_text(self, observation: str) -> str:
-        return self.scheduler.renderer.neutralize(observation, (*CONTROL_TAGS, *JSON_CONTROL_STRINGS))
+        return self.scheduler.renderer.neutralize(observation, OBSERVATION_CONTROL_STRINGS)
 
     @staticmethod
     def _checked(stage: str, function: Callable[[], Any], turn: Optional[int] = None) -> Any:

@@ -15,18 +15,18 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import torch
 
 from textenv.asyncio_bridge import run_sync
+from textenv.chat.renderer import ChatRenderer
+from textenv.chat.tool_chat import ChatTools
+from textenv.chat.transcript import check_loss_scale
 from textenv.checks import check_positive_int
 from textenv.engine.engine import Completion, GenerationEngine, autocast_dtype
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
-from textenv.chat.renderer import ChatRenderer
-from textenv.chat.tool_chat import ChatTools
 from textenv.gym.completions import CompletionsLog
 from textenv.gym.episode import GymEpisode
 from textenv.gym.play import GymPlay, completion_record
 from textenv.gym.registry import load_plugins
 from textenv.gym.rows import load_rows
-from textenv.chat.transcript import check_loss_scale
 
 __all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
 

@@ -28,6 +28,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from textenv.asyncio_bridge import run_sync
+from textenv.tools.schema import required_inputs
 
 TOOL_ERROR_PREFIX = "Tool error: "
 
@@ -100,7 +101,7 @@ def _call_smolagents_tool_on_query(tool: Any, query: str) -> Any:
     if len(inputs) == 1:
         (input_name,) = inputs
     else:
-        required = [name for name, spec in inputs.items() if not (isinstance(spec, dict) and spec.get("nullable"))]
+        required = required_inputs(inputs)
         if len(required) != 1:
             raise ValueError(
                 f"the smolagents tool {getattr(tool, 'name', type(tool).__name__)!r} takes several inputs "
@@ -144,6 +145,13 @@ def call_tool_with_arguments(tool: Any, arguments: dict[str, Any], timeout: floa
     if _is_smolagents_tool(tool):
         return _call_with_timeout(lambda: tool(**arguments, sanitize_inputs_outputs=True), timeout)
     return _call_with_timeout(lambda: tool(**arguments), timeout)
+
+
+def truncate_response(response: str, max_response: int | None) -> str:
+    """`response` cut to `max_response` characters, the last three of them `"..."` (`None`: no limit)."""
+    if max_response is not None and len(response) > max_response:
+        return response[: max_response - 3] + "..."
+    return response
 
 
 def _call_with_timeout(call: Callable[[], Any], timeout: float | None) -> str:

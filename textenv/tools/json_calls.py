@@ -13,13 +13,17 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from textenv.tools.base import TOOL_ERROR_PREFIX, call_tool_with_arguments
+from textenv.environment.syntax import CONTROL_TAGS
+from textenv.tools.base import TOOL_ERROR_PREFIX, call_tool_with_arguments, truncate_response
 from textenv.tools.schema import argument_error, tool_schema
 from textenv.tools.tool_call_parsers import ToolCall
 
 TOOL_FORMATS = ("tags", "json")
 CALL_SHAPE = '{"name": <tool>, "arguments": {...}}'
 JSON_CONTROL_STRINGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "[TOOL_CALLS]", "[TOOL_RESULTS]", "<|python_tag|>")
+# What text that did not come from the model (tool results, observations) may not hold, besides the
+# tokenizer's special tokens: the tags of both tool-call formats.
+OBSERVATION_CONTROL_STRINGS = (*CONTROL_TAGS, *JSON_CONTROL_STRINGS)
 
 
 def check_tool_format(tool_format: str) -> str:
@@ -106,14 +110,15 @@ class JsonToolCalls:
         messages, records = [], []
         for index, call in enumerate(tool_calls):
             record = self._run(call, index)
-            record.result = self._truncate(neutralize(record.result))
+            record.result = truncate_response(neutralize(record.result), self.max_response)
             records.append(record)
             messages.append({"role": "tool", "tool_call_id": record.id, "name": record.name, "content": record.result})
         return messages, records
 
     def _run(self, call: dict, index: int) -> ToolCallRecord:
-        function = call.get("function", call) if isinstance(call, dict) else {}
-        identifier = str(call.get("id") or call_id(index)) if isinstance(call, dict) else call_id(index)
+        call = call if isinstance(call, dict) else {}
+        function = call.get("function", call)
+        identifier = str(call.get("id") or call_id(index))
         name, arguments = function.get("name") or "", function.get("arguments", {})
         error = None
         if call.get("error"):
@@ -131,11 +136,6 @@ class JsonToolCalls:
         result = call_tool_with_arguments(self.tools[name], arguments, timeout=self.timeout)
         failed = result[len(TOOL_ERROR_PREFIX) :] if result.startswith(TOOL_ERROR_PREFIX) else None
         return ToolCallRecord(identifier, name, arguments, result, failed)
-
-    def _truncate(self, result: str) -> str:
-        if self.max_response is not None and len(result) > self.max_response:
-            return result[: self.max_response - 3] + "..."
-        return result
 
 
 def _decode_arguments(text: str) -> tuple[Any, Optional[str]]:

@@ -42,7 +42,7 @@ def argument_error(tool: Any, arguments: dict) -> Optional[str]:
     if _is_smolagents_style(tool):
         inputs = dict(getattr(tool, "inputs", {}) or {})
         unexpected = sorted(set(arguments) - set(inputs))
-        missing = sorted(key for key, spec in inputs.items() if key not in arguments and not (spec or {}).get("nullable"))
+        missing = sorted(key for key in required_inputs(inputs) if key not in arguments)
         if unexpected or missing:
             return _describe_mismatch(missing, unexpected, list(inputs))
         return None
@@ -62,6 +62,11 @@ def argument_error(tool: Any, arguments: dict) -> Optional[str]:
     return None
 
 
+def required_inputs(inputs: dict) -> list[str]:
+    """The inputs of a smolagents-style tool that a call must give: those not marked ``"nullable"``."""
+    return [name for name, spec in inputs.items() if not (isinstance(spec, dict) and spec.get("nullable"))]
+
+
 def _is_smolagents_style(tool: Any) -> bool:
     return isinstance(getattr(tool, "inputs", None), dict) and callable(getattr(tool, "forward", None))
 
@@ -71,14 +76,12 @@ def _function_schema(name: str, description: str, parameters: dict) -> dict:
 
 
 def _smolagents_parameters(inputs: dict) -> dict:
-    properties, required = {}, []
+    properties = {}
     for key, spec in inputs.items():
         spec = dict(spec or {})
         kind = _SMOLAGENTS_TYPES.get(spec.get("type"), spec.get("type"))
         properties[key] = {**({"type": kind} if kind else {}), "description": str(spec.get("description", ""))}
-        if not spec.get("nullable"):
-            required.append(key)
-    return {"type": "object", "properties": properties, "required": required}
+    return {"type": "object", "properties": properties, "required": required_inputs(inputs)}
 
 
 def _signature_parameters(tool: Callable, argument_docs: dict[str, str]) -> dict:

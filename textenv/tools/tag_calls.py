@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 from textenv.environment.syntax import CALL_TOKEN, REQUEST_TOKEN, SUBMIT_TOKEN, parse_tool_call
-from textenv.tools.base import call_tool
+from textenv.tools.base import call_tool, truncate_response
 
 
 class TagToolCalls:
@@ -59,6 +59,4 @@ class TagToolCalls:
 
     def truncate(self, response: str) -> str:
         """`response` cut to `max_response` characters, the last three of them `"..."`."""
-        if self.max_response is not None and len(response) > self.max_response:
-            return response[: self.max_response - 3] + "..."
-        return response
+        return truncate_response(response, self.max_response)

@@ -14,7 +14,6 @@ from a file; command-line values override the file. Every option takes both spel
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -115,8 +114,9 @@ def build(ppo_config, run: RunArguments, model_config):
     """The trainer and the episode source of a run."""
     from trl import get_peft_config
 
-    from textenv.ppo import PPOTrainer
+    from textenv.training.evaluation import SAMPLING_KWARGS
     from textenv.training.policy import load_policy
+    from textenv.training.settings import trainer_without_dataset
 
     policy, tokenizer = load_policy(
         model_config.model_name_or_path or "bundled",
@@ -125,10 +125,8 @@ def build(ppo_config, run: RunArguments, model_config):
         dtype=model_config.dtype,
         seed=ppo_config.seed,
     )
-    with warnings.catch_warnings():  # the episodes come from an episode source, not from a dataset
-        warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
-        trainer = PPOTrainer(ppo_config, policy, ref_model=None, tokenizer=tokenizer)
-    generation_kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": run.temperature, "max_new_tokens": run.max_new_tokens}
+    trainer = trainer_without_dataset(ppo_config, policy, tokenizer)
+    generation_kwargs = {**SAMPLING_KWARGS, "temperature": run.temperature, "max_new_tokens": run.max_new_tokens}
     return trainer, _episode_source(trainer, tokenizer, run, ppo_config, generation_kwargs)
 
 
@@ -136,11 +134,11 @@ def _episode_source(trainer, tokenizer, run: RunArguments, ppo_config, generatio
     if run.task == "calculator":
         from textenv.training.calculator import build_calculator_environment, calculator_task_batches
         from textenv.training.settings import Settings
+        from textenv.training.sources import TextEnvironmentSource
 
         settings = Settings(max_turns=run.max_turns, max_new_tokens=run.max_new_tokens, tool_format=run.tool_format)
         env = build_calculator_environment(trainer.model, tokenizer, settings)
         env.generation_kwargs = generation_kwargs
-        from textenv.training.sources import TextEnvironmentSource
 
         # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
         seed = ppo_config.seed + trainer.accelerator.process_index
@@ -202,8 +200,9 @@ def push(folder: Path, ppo_config, run: RunArguments, model_config, rewards: lis
     return url
 
 
-def check_ranks_agree(trainer) -> str:
-    """The SHA-256 of the trained weights, checked to be the same on every process.
+def check_ranks_agree(trainer) -> Optional[str]:
+    """The SHA-256 of the trained weights, checked to be the same on every process (`None`, and nothing
+    hashed, on a single process).
 
     Raises:
         RuntimeError: the processes hold different weights (they did not train in lockstep).
@@ -211,6 +210,9 @@ def check_ranks_agree(trainer) -> str:
     import hashlib
 
     import torch
+
+    if trainer.accelerator.num_processes == 1:
+        return None
 
     digest = hashlib.sha256()
     for name, parameter in sorted(trainer.accelerator.unwrap_model(trainer.model).named_parameters()):

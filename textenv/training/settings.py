@@ -115,7 +115,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
     Returns:
         A `PPOTrainer`.
     """
-    from textenv.ppo import PPOConfig, PPOTrainer
+    from textenv.ppo import PPOConfig
 
     config = PPOConfig(
         exp_name=name,
@@ -133,6 +133,14 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         tracker_project_name=name,
         accelerator_kwargs={"mixed_precision": settings.mixed_precision} if settings.mixed_precision else {},
     )
-    with warnings.catch_warnings():  # the episodes come from an episode source, not from a dataset
+    return trainer_without_dataset(config, model, tokenizer)
+
+
+def trainer_without_dataset(config, model, tokenizer):
+    """A `PPOTrainer` of `model` (its reference: the model with adapters disabled, or a frozen copy) whose
+    episodes come from an episode source, not from a dataset (so no warning says none was given)."""
+    from textenv.ppo import PPOTrainer
+
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided", category=UserWarning)
         return PPOTrainer(config, model, ref_model=None, tokenizer=tokenizer)
