@@ -116,6 +116,24 @@ def test_cache_is_dropped_when_weights_change(tiny_model, tokenizer):
     assert ids(engine.generate_batch(extended, stop_at_eos=False)) == ids(fresh.generate_batch(extended, stop_at_eos=False))
 
 
+def test_cache_is_dropped_after_a_fused_optimizer_step(tokenizer):
+    # A fused optimizer (the PPO trainer's Adam) updates the weights without bumping their version counters;
+    # a rollout after it must still not reuse KV computed with the old weights.
+    from textenv.testing import tiny_causal_lm
+
+    model = tiny_causal_lm(seed=3).eval()
+    contexts = contexts_for(tokenizer)
+    engine = RolloutEngine(model, tokenizer, greedy_kwargs(6))
+    engine.generate_batch(contexts, stop_at_eos=False)
+    assert engine.prefix_cache.entries
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, fused=True)
+    model(contexts[0][None]).logits.sum().backward()
+    optimizer.step()
+    fresh = RolloutEngine(model, tokenizer, greedy_kwargs(6), reuse_cache=False)
+    extended = [torch.cat([c, torch.tensor([13, 14])]) for c in contexts]
+    assert ids(engine.generate_batch(extended, stop_at_eos=False)) == ids(fresh.generate_batch(extended, stop_at_eos=False))
+
+
 def test_stop_strings_per_row(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate_batch(contexts, stop_at_eos=False)

@@ -5,7 +5,9 @@ Entries belong to an episode (its `owner`) and live until that episode ends (`re
 shared by several new rows lives until every episode that used it has ended. Entries without an owner
 (made by the engine's synchronous batch calls) live for a call or two (`end_call`). Entries are only valid
 for the weights that computed them: the store remembers a fingerprint of the model's parameters (object
-ids and in-place version counters, which every optimizer step bumps) and empties itself when it changes.
+ids and in-place version counters, which `load_state_dict` and most optimizers bump) and of the number of
+optimizer steps taken in this process (fused optimizers, such as the PPO trainer's fused Adam, update weights
+without bumping version counters), and empties itself when it changes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [kv_heads, length, head_dim]
 
@@ -116,9 +119,22 @@ class PrefixCache:
         self.entries.clear()
 
 
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+# Every optimizer's step in this process, whatever its kind, runs this hook.
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
 def parameters_fingerprint(model: torch.nn.Module) -> tuple:
-    """Changes whenever a parameter is replaced or modified in place (optimizer steps, `load_state_dict`)."""
-    return (id(model), tuple((id(p), p._version) for p in model.parameters()))
+    """Changes whenever a parameter is replaced or modified in place (`load_state_dict`, in-place edits) and
+    after any optimizer step in this process (fused optimizers leave version counters alone)."""
+    return (id(model), _optimizer_steps, tuple((id(p), p._version) for p in model.parameters()))
 
 
 def common_prefix_length(sequences: Sequence[torch.Tensor]) -> int:
