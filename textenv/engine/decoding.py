@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicLayer
 
 from textenv.engine.kv_cache import GrowingLayer, growing_cache, merged_cache
 from textenv.engine.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
-from textenv.engine.sampling import SamplingSettings
+from textenv.engine.sampling import RandomStream, SamplingSettings
 from textenv.engine.stopping import FINISH_LENGTH, StopChecker
 
 MIN_SHARED_PREFIX = 16  # tokens; shorter common prefixes are not worth a separate forward pass
@@ -40,6 +40,8 @@ class DecodeRequest:
             ends, or ``done(None, error)`` when decoding failed.
         owner (`Hashable`, *optional*): the episode; its KV cache is kept for its next turn until the
             engine is told the episode ended. `None`: kept for a call or two (batch calls).
+        stream (`RandomStream`, *optional*): the episode's own randomness for sampled tokens (`None`:
+            torch's global generator).
         token_ids (`list[int]`): the ids generated so far.
     """
 
@@ -48,6 +50,7 @@ class DecodeRequest:
     stop_checker: StopChecker
     done: Callable
     owner: Hashable | None = None
+    stream: RandomStream | None = None
     token_ids: list[int] = field(default_factory=list)
 
 
@@ -172,7 +175,11 @@ class ContinuousDecoder:
         for settings, members in _group_by(requests, lambda request: request.settings):
             index = torch.tensor([live[member] for member in members], device=batch.logits.device)
             counts = [len(requests[member].token_ids) for member in members]
-            for member, token in zip(members, settings.next_tokens(batch.logits[index], counts).tolist()):
+            streams = [requests[member].stream for member in members]
+            uniforms = None
+            if settings.do_sample and all(stream is not None for stream in streams):
+                uniforms = torch.tensor([stream.next_uniform() for stream in streams], dtype=torch.float64)
+            for member, token in zip(members, settings.next_tokens(batch.logits[index], counts, uniforms).tolist()):
                 tokens[member] = token
         return tokens
 

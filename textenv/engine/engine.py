@@ -61,6 +61,20 @@ def unwrap_model(model: Any) -> Any:
     return getattr(model, "pretrained_model", model)
 
 
+def decoding_model(model: Any) -> Any:
+    """The module the engine's own decoding loop runs: `unwrap_model(model)`, and for a PEFT model whose
+    adapters live inside its layers (LoRA and kin, not prompt learning) the adapted transformers model
+    within, which takes the `position_ids` / `logits_to_keep` the loop feeds (the PEFT wrapper's `forward`
+    hides them). Its layers are the PEFT model's, so enabled or disabled adapters act the same."""
+    model = unwrap_model(model)
+    peft_config = getattr(model, "peft_config", None)
+    active = getattr(model, "active_adapter", None)
+    if isinstance(peft_config, dict) and isinstance(active, str) and active in peft_config and hasattr(model, "get_base_model"):
+        if not peft_config[active].is_prompt_learning:
+            return model.get_base_model()
+    return model
+
+
 def model_device(model: Any) -> torch.device:
     model = unwrap_model(model)
     device = getattr(model, "device", None)
@@ -219,13 +233,14 @@ class GenerationEngine:
     # ------------------------------------------------------------------------------ serving
     def _request(self, context, stop_strings, generation_kwargs, done, owner, stop_at_eos: bool):
         kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
-        model = unwrap_model(self.model)
+        model = decoding_model(self.model)
         settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
         fast = settings is not None and supports_fast_decoding(model)
         checker = self._stop_checker(tuple(stop_strings), settings if fast else None, stop_at_eos)
         context = context.detach().to("cpu", torch.long)
         if fast:
-            return DecodeRequest(context, settings, checker, done, owner=owner if self.reuse_cache else None)
+            stream = getattr(owner, "random_stream", None)  # an episode's key carries its own randomness
+            return DecodeRequest(context, settings, checker, done, owner=owner if self.reuse_cache else None, stream=stream)
         return HFGenerateRequest(context, kwargs, checker, done)
 
     def _stop_checker(self, stop_strings: tuple, settings: SamplingSettings | None, stop_at_eos: bool) -> StopChecker:
@@ -293,12 +308,12 @@ class GenerationEngine:
 
     def _serve(self, max_rows: int) -> None:
         """The decoding thread: admit, step, retire, until nothing is running or waiting."""
-        model = unwrap_model(self.model)
-        decoder = ContinuousDecoder(model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, self.reuse_cache)
+        model, fast_model = unwrap_model(self.model), decoding_model(self.model)
+        decoder = ContinuousDecoder(fast_model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, self.reuse_cache)
         try:
             with torch.inference_mode(), self._autocast(model):
                 while True:
-                    admitted, fallback = self._take_waiting(decoder, model)
+                    admitted, fallback = self._take_waiting(decoder, fast_model)
                     if admitted is None:
                         return
                     try:

@@ -1,6 +1,12 @@
 """Next-token choice for the engine's own decoding loop: which generation kwargs it supports, and greedy
 or sampled selection exactly as `transformers`' `generate` does it (temperature, top-k, top-p, in
-that order, and min_new_tokens)."""
+that order, and min_new_tokens).
+
+A sampled token is drawn with torch's global generator, or, for a row that has its own `RandomStream`
+(every episode played by `textenv.episodes.play_all` has one), by inverting the row's cumulative
+distribution at the stream's next uniform: then an episode's tokens depend only on its stream and its own
+logits, not on which other episodes share its decoding batch or when they joined it, so a run is
+reproducible however the turns were scheduled."""
 
 from __future__ import annotations
 
@@ -80,8 +86,9 @@ class SamplingSettings:
             eos_token_ids=_positive_ids(merged.get("eos_token_id")),
         )
 
-    def next_tokens(self, logits: torch.Tensor, generated_counts: list[int], generator: torch.Generator | None = None) -> torch.Tensor:
-        """Choose one token per row from `[rows, vocab]` logits, given how many tokens each row has."""
+    def next_tokens(self, logits: torch.Tensor, generated_counts: list[int], uniforms: torch.Tensor | None = None) -> torch.Tensor:
+        """Choose one token per row from `[rows, vocab]` logits, given how many tokens each row has; when
+        sampling, `uniforms` (`[rows]`, in [0, 1)) choose the tokens, else torch's global generator does."""
         scores = logits.float()
         if self.min_new_tokens and self.eos_token_ids:
             too_short = torch.tensor([count < self.min_new_tokens for count in generated_counts], device=scores.device)
@@ -97,7 +104,53 @@ class SamplingSettings:
         if self.top_p < 1.0:
             scores = TopPLogitsWarper(top_p=self.top_p)(None, scores)
         probabilities = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probabilities, num_samples=1, generator=generator).squeeze(1)
+        if uniforms is None:
+            return torch.multinomial(probabilities, num_samples=1).squeeze(1)
+        return inverse_cdf(probabilities, uniforms)
+
+
+def inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """For each row of `[rows, vocab]` probabilities, the token where its cumulative distribution first
+    exceeds the row's uniform (`[rows]`, in [0, 1)): a draw from the row's distribution. Never a token of
+    probability 0."""
+    cumulative = probabilities.double().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    target = torch.minimum(uniforms.to(cumulative).unsqueeze(1) * total, total * (1 - 2**-52))  # below the top
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1)
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def splitmix64(value: int) -> int:
+    """A well-mixed 64-bit hash of `value` (the SplitMix64 finaliser)."""
+    z = (value + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class RandomStream:
+    """An episode's own uniforms in [0, 1): the `n`-th draw is a hash of `(seed, n)`, so it depends on
+    nothing else (not on threads, timing or other episodes).
+
+    Args:
+        seed (`int`): the stream's seed (any integer; taken modulo 2**64).
+    """
+
+    def __init__(self, seed: int):
+        self.seed = seed & _MASK64
+        self.drawn = 0
+
+    def next_uniform(self) -> float:
+        """The next uniform of the stream."""
+        self.drawn += 1
+        return (splitmix64((self.seed + self.drawn * _GOLDEN) & _MASK64) >> 11) * 2.0**-53
+
+    def spawn(self, index: int) -> "RandomStream":
+        """An independent stream for item `index` of this one's (e.g. the episodes of a run)."""
+        return RandomStream(splitmix64(self.seed ^ splitmix64(index)))
 
 
 def _positive_ids(value: Any) -> set[int]:

@@ -17,6 +17,8 @@ from typing import Any, Callable, Hashable, Iterable, Optional, Protocol
 
 import torch
 
+from textenv.engine.sampling import RandomStream
+
 FINISH_MAX_TURNS = "max_turns"
 FINISH_MAX_LENGTH = "max_length"
 FINISH_ERROR = "error"
@@ -57,11 +59,22 @@ class EpisodeFailure(Exception):
         self.turn = turn
 
 
+class EpisodeKey:
+    """An episode's key for the generator (hashed by identity). Its `random_stream` (set by `play_all`)
+    is the episode's own randomness for sampled tokens, so a run's episodes are the same however their
+    turns were batched."""
+
+    __slots__ = ("random_stream", "__weakref__")
+
+    def __init__(self, random_stream: Optional[RandomStream] = None):
+        self.random_stream = random_stream
+
+
 class Episode:
     """One episode as the driver plays it; front ends subclass it.
 
     Attributes:
-        key (`Hashable`): the episode's key for the generator (its KV cache is kept under it).
+        key (`EpisodeKey`): the episode's key for the generator (its KV cache is kept under it).
         stop_strings (`tuple[str]`): strings that end a model turn.
         generation_kwargs (`dict`, *optional*): generation settings of this episode's turns.
         stop_rules (`tuple[StopRule]`): checked after the reset and after every reaction.
@@ -80,7 +93,7 @@ class Episode:
     max_length: Optional[int] = None
 
     def __init__(self) -> None:
-        self.key: Hashable = object()
+        self.key = EpisodeKey()
         self.turns = 0
         self.finish_reason: Optional[str] = None
         self.failures: list[EpisodeFailure] = []
@@ -154,13 +167,19 @@ async def play_all(
     """Play episodes concurrently, at most `max_concurrency` at once, creating each one only when a slot is
     free (`episodes` yields factories and is read lazily). ``on_done(index, episode)`` runs as each ends,
     with the episode's position in `episodes`; nothing else keeps the episodes.
+
+    Episode `index` samples its tokens from its own `RandomStream`, spawned from one draw of torch's global
+    generator made here: seeding torch before the call reproduces the episodes, whatever the timing of
+    their turns (the engine's own decoding; a `generate` fallback or a batch function samples as it does).
     """
     slots = asyncio.Semaphore(max_concurrency)
     tasks: set[asyncio.Task] = set()
+    run_stream = RandomStream(int(torch.randint(0, 2**62, (1,)).item()))
 
     async def run(index: int, make: Callable[[], Episode]) -> None:
         try:
             episode = make()
+            episode.key.random_stream = run_stream.spawn(index)
             await play(episode, generator)
             on_done(index, episode)
         finally:
