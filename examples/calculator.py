@@ -8,46 +8,32 @@ an exact result and 0 otherwise. Each PPO step plays `--batch-size` episodes wit
 The defaults are small enough for a CPU (the bundled SmolLM2-135M-Instruct with LoRA adapters); for a
 GPU-size run, e.g.:
 
-    python examples/calculator.py --device cuda --steps 100 --batch-size 128 --mini-batch-size 32 \\
-        --generation-batch-size 128 --threads 0
+    python examples/calculator.py --device cuda --steps 100 --batch_size 128 --mini_batch_size 32 \\
+        --generation_batch_size 128 --threads 0
 
 Statistics go to tensorboard (`tensorboard --logdir runs/calculator`).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import time
 
 from textenv import options, training
+from textenv.logs import setup_logging
 from textenv.reporting import peak_memory_mb
 from textenv.tasks import calculator as task
 
 
-def build_parser() -> argparse.ArgumentParser:
-    defaults = training.Settings(steps=4, eval_tasks=50)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_training_arguments(parser, defaults, mini_batch_size=defaults.mini_batch_size)
-    parser.add_argument("--adap-kl-ctrl", action=argparse.BooleanOptionalAction, default=defaults.adap_kl_ctrl, help="adaptive KL coefficient (default: %(default)s)")
-    parser.add_argument("--generation-batch-size", type=int, default=defaults.generation_batch_size, help="episodes generated together (default: %(default)s)")
-    parser.add_argument("--eval-tasks", type=int, default=defaults.eval_tasks, help="held-out tasks evaluated (sampled) after training, 0 = none (default: %(default)s)")
-    return parser
-
-
-def settings_from_args(args: argparse.Namespace) -> training.Settings:
-    """The shared options' `Settings` plus this example's own (KL control, generation batch, evaluation)."""
-    return dataclasses.replace(
-        options.settings_from_args(args),
-        adap_kl_ctrl=args.adap_kl_ctrl,
-        generation_batch_size=args.generation_batch_size,
-        eval_tasks=args.eval_tasks,
-    )
+def parse(argv: list[str] | None = None) -> tuple:
+    """`(settings, example options, command options)`; the defaults make a CPU-sized run of the bundled model
+    (``--eval_tasks``: held-out tasks evaluated, sampled, after training, 0 = none)."""
+    classes = (training.Settings, options.ExampleArguments, options.CommandArguments)
+    return options.parse_options(classes, argv, description=__doc__, defaults={"ppo_steps": 4, "eval_tasks": 50})
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    settings = settings_from_args(args)
+    settings, args, command = parse(argv)
+    setup_logging(command.log_level)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
@@ -58,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
 
     episodes = training.TextEnvironmentSource(env, task_batches)
-    logs = training.train(ppo_trainer, episodes, settings.steps, progress=not args.no_progress)
+    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=not command.no_progress)
     ppo_trainer.accelerator.end_training()
 
     summary = {
@@ -74,16 +60,16 @@ def main(argv: list[str] | None = None) -> dict:
         ppo_trainer.save_pretrained(args.save_dir)
     summary["seconds"] = time.perf_counter() - started
     summary["peak_memory_mb"] = peak_memory_mb()
-    print_summary(summary, args)
+    print_summary(summary, settings, args)
     return summary
 
 
-def print_summary(summary: dict, args: argparse.Namespace) -> None:
+def print_summary(summary: dict, settings: training.Settings, args: options.ExampleArguments) -> None:
     print("\n=== calculator PPO summary ===")
-    print(f"steps: {summary['steps']} ({summary['episodes']} episodes), model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    print(f"steps: {summary['steps']} ({summary['episodes']} episodes), model: {settings.model}, lora: {settings.lora}, lr: {settings.learning_rate}")
     print(f"training reward: first step {summary['first_reward']:.2f}, last step {summary['last_reward']:.2f}; final KL {summary['final_kl']:.3f}")
     if "held_out_sampled_accuracy" in summary:
-        print(f"held-out accuracy (sampled, {args.eval_tasks} tasks): {summary['held_out_sampled_accuracy']:.1%}")
+        print(f"held-out accuracy (sampled, {settings.eval_tasks} tasks): {summary['held_out_sampled_accuracy']:.1%}")
     print(f"wall time: {summary['seconds']:.1f} s, peak memory: {summary['peak_memory_mb']:.0f} MiB")
     print(f"tensorboard logs: {args.log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
 

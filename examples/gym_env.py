@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     load_plugins(PLUGIN)  # registers "capitals" and "last_turn_only"
     settings = Settings(
-        model="bundled", seed=args.seed, steps=args.steps, batch_size=episodes_per_step, mini_batch_size=episodes_per_step,
+        model="bundled", seed=args.seed, ppo_steps=args.steps, batch_size=episodes_per_step, mini_batch_size=episodes_per_step,
         ppo_epochs=1, learning_rate=1e-5, init_kl_coef=0.2, lora=False, value_head_init_std=0.0,
     )
     model, tokenizer = build_policy(settings)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         print(f"[step {log.step}] PPO: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
 
-    train(trainer, episodes, settings.steps, on_step=report, progress=False)
+    train(trainer, episodes, settings.ppo_steps, on_step=report, progress=False)
     records = read_completions(completions)
     print(f"{completions}: {len(records)} lines; first trajectory_infos: {records[0]['trajectory_infos']}")
     return {**result, "completions": str(completions), "lines": len(records)}

@@ -18,11 +18,10 @@ test runs in seconds with `--model tiny --steps 1 --batch-size 2`; for a GPU-siz
 Statistics go to tensorboard (`tensorboard --logdir runs/python_interpreter`).
 """
 
-from __future__ import annotations
 
-import argparse
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -34,15 +33,17 @@ from textenv.tools import PythonInterpreter
 EVAL_SEED = 1234  # the held-out problems; training batches are drawn from other seeds
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line options; the defaults make a CPU-sized run of the bundled model."""
-    defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=80, max_turns=2)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_training_arguments(parser, defaults)
-    parser.add_argument("--tool-timeout", type=float, default=5.0, help="seconds a program may run in the sandbox (default: %(default)s)")
-    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out problems solved greedily after training, 0 = none (default: %(default)s)")
-    parser.add_argument("--show", type=int, default=2, help="evaluation episodes to print with show_text (default: %(default)s)")
-    return parser
+@dataclass
+class InterpreterArguments:
+    tool_timeout: float = field(default=5.0, metadata={"help": "seconds a program may run in the sandbox"})
+
+
+def parse(argv: list[str] | None = None) -> tuple:
+    """`(settings, example options, interpreter options, command options)`; the defaults make a CPU-sized
+    run of the bundled model (``--eval_tasks``: held-out problems solved greedily after training, 0 = none)."""
+    defaults = dict(ppo_steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=80, max_turns=2, eval_tasks=8)
+    classes = (training.Settings, options.ExampleArguments, InterpreterArguments, options.CommandArguments)
+    return options.parse_options(classes, argv, description=__doc__, defaults=defaults)
 
 
 def build_environment(model, tokenizer, settings: training.Settings, tool_timeout: float) -> TextEnvironment:
@@ -55,7 +56,7 @@ def build_environment(model, tokenizer, settings: training.Settings, tool_timeou
         task.answer_match_reward,
         task.PROMPT,
         max_turns=settings.max_turns,
-        generation_kwargs={**training.SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
+        generation_kwargs=settings.generation_kwargs(),
         batch_size=settings.generation_batch_size,
     )
 
@@ -82,31 +83,30 @@ def main(argv: list[str] | None = None) -> dict:
         The summary: `steps`, mean reward over the first and last steps, final KL, held-out accuracy (when
         evaluated) and wall time in seconds.
     """
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    settings = options.settings_from_args(args)
+    settings, args, interpreter, command = parse(argv)
+    setup_logging(command.log_level)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
     model, tokenizer = training.build_policy(settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="python_interpreter")
-    env = build_environment(model, tokenizer, settings, args.tool_timeout)
-    eval_queries, eval_answers = task.generate_tasks(args.eval_tasks, seed=EVAL_SEED)
+    env = build_environment(model, tokenizer, settings, interpreter.tool_timeout)
+    eval_queries, eval_answers = task.generate_tasks(settings.eval_tasks, seed=EVAL_SEED)
     batches = task_batches(settings.batch_size, settings.seed, exclude=set(eval_queries))
 
-    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.steps, progress=not args.no_progress)
+    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.ppo_steps, progress=not command.no_progress)
     ppo_trainer.accelerator.end_training()
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
     summary = reporting.summarise(logs)
-    if args.eval_tasks > 0:
+    if settings.eval_tasks > 0:
         evaluation = training.evaluate(env, eval_queries, eval_answers, sample=False)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    reporting.print_summary("python_interpreter", summary, args, "held-out problems", Path(args.log_dir) / "python_interpreter")
+    reporting.print_summary("python_interpreter", summary, settings, args.save_dir, "held-out problems", Path(args.log_dir) / "python_interpreter")
     return summary
 
 

@@ -6,23 +6,22 @@ call `<request><Wiki>search words<call>`, read the passage the `Wiki` tool (BM25
 corpus) returns, and answer `Result=answer<submit>`. Tool responses are cut at 400 characters, as in the
 legacy example. The reward is 1 when the submitted answer contains an accepted answer after
 normalisation (case, punctuation and articles ignored) and 0 otherwise. Each PPO step plays
-`--batch-size` episodes with TextEnvironment (sampling at temperature 1) and optimises on them with
+`--batch_size` episodes with TextEnvironment (sampling at temperature 1) and optimises on them with
 `PPOTrainer.step`.
 
 The defaults are small enough for a CPU (the bundled SmolLM2-135M-Instruct with LoRA adapters); a smoke
-test runs in seconds with `--model tiny --steps 1 --batch-size 2`; for a GPU-size run, e.g.:
+test runs in seconds with `--model tiny --steps 1 --batch_size 2`; for a GPU-size run, e.g.:
 
-    python examples/triviaqa.py --device cuda --steps 200 --batch-size 32 --mini-batch-size 8 \\
-        --max-new-tokens 64 --threads 0
+    python examples/triviaqa.py --device cuda --steps 200 --batch_size 32 --mini_batch_size 8 \\
+        --max_new_tokens 64 --threads 0
 
 Statistics go to tensorboard (`tensorboard --logdir runs/triviaqa`).
 """
 
-from __future__ import annotations
 
-import argparse
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -35,16 +34,18 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 MAX_TOOL_RESPONSE = 400  # characters, as in the legacy example
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line options; the defaults make a CPU-sized run of the bundled model."""
-    defaults = training.Settings(steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_training_arguments(parser, defaults)
-    parser.add_argument("--corpus", type=Path, default=DATA_DIR / "fictional_wiki.jsonl", help="documents to search, one {title, text} per line (default: the shipped corpus)")
-    parser.add_argument("--questions", type=Path, default=DATA_DIR / "fictional_wiki_questions.jsonl", help="one {question, answers, title} per line (default: the shipped questions)")
-    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out questions answered greedily after training, 0 = none (default: %(default)s)")
-    parser.add_argument("--show", type=int, default=2, help="evaluation episodes to print with show_text (default: %(default)s)")
-    return parser
+@dataclass
+class TriviaArguments:
+    corpus: Path = field(default=DATA_DIR / "fictional_wiki.jsonl", metadata={"help": "documents to search, one {title, text} per line"})
+    questions: Path = field(default=DATA_DIR / "fictional_wiki_questions.jsonl", metadata={"help": "one {question, answers, title} per line"})
+
+
+def parse(argv: list[str] | None = None) -> tuple:
+    """`(settings, example options, trivia options, command options)`; the defaults make a CPU-sized run of
+    the bundled model (``--eval_tasks``: held-out questions answered greedily after training, 0 = none)."""
+    defaults = dict(ppo_steps=4, batch_size=4, mini_batch_size=4, ppo_epochs=1, max_new_tokens=32, max_turns=2, eval_tasks=8)
+    classes = (training.Settings, options.ExampleArguments, TriviaArguments, options.CommandArguments)
+    return options.parse_options(classes, argv, description=__doc__, defaults=defaults)
 
 
 def build_environment(model, tokenizer, settings: training.Settings, corpus: Path) -> TextEnvironment:
@@ -58,7 +59,7 @@ def build_environment(model, tokenizer, settings: training.Settings, corpus: Pat
         task.PROMPT,
         max_turns=settings.max_turns,
         max_tool_reponse=MAX_TOOL_RESPONSE,
-        generation_kwargs={**training.SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
+        generation_kwargs=settings.generation_kwargs(),
         batch_size=settings.generation_batch_size,
     )
 
@@ -89,31 +90,30 @@ def main(argv: list[str] | None = None) -> dict:
         The summary: `steps`, mean reward over the first and last steps, final KL, held-out accuracy (when
         evaluated) and wall time in seconds.
     """
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    settings = options.settings_from_args(args)
+    settings, args, trivia, command = parse(argv)
+    setup_logging(command.log_level)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
     model, tokenizer = training.build_policy(settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings, args.log_dir, name="triviaqa")
-    env = build_environment(model, tokenizer, settings, args.corpus)
-    train_questions, held_out = task.split_questions(task.load_questions(args.questions))
+    env = build_environment(model, tokenizer, settings, trivia.corpus)
+    train_questions, held_out = task.split_questions(task.load_questions(trivia.questions))
     batches = task_batches(train_questions, settings.batch_size, settings.seed)
 
-    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.steps, progress=not args.no_progress)
+    logs = training.train(ppo_trainer, training.TextEnvironmentSource(env, batches), settings.ppo_steps, progress=not command.no_progress)
     ppo_trainer.accelerator.end_training()
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
 
     summary = reporting.summarise(logs)
-    if args.eval_tasks > 0:
-        evaluation = evaluate_held_out(env, held_out, args.eval_tasks, settings.seed)
+    if settings.eval_tasks > 0:
+        evaluation = evaluate_held_out(env, held_out, settings.eval_tasks, settings.seed)
         for history in evaluation.histories[: args.show]:
             history.show_text(show_legend=history is evaluation.histories[0])
         summary["held_out_accuracy"] = evaluation.accuracy
     summary["seconds"] = time.perf_counter() - started
-    reporting.print_summary("triviaqa", summary, args, "questions never trained on", Path(args.log_dir) / "triviaqa")
+    reporting.print_summary("triviaqa", summary, settings, args.save_dir, "questions never trained on", Path(args.log_dir) / "triviaqa")
     return summary
 
 

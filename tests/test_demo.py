@@ -4,6 +4,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from types import SimpleNamespace
 
 from textenv import demo, training
 from textenv.tasks import calculator as task
@@ -18,7 +19,7 @@ def test_quick_demo_writes_the_curve_and_prints_the_accuracy_table(tmp_path, cap
     curve = tmp_path / "reward_curve.png"
     assert curve.read_bytes()[:8] == PNG_MAGIC
     assert result["reward_curve"] == str(curve)
-    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.steps
+    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.ppo_steps
     for mode in ("sampled (temperature 1)", "greedy"):
         assert re.search(rf"^{re.escape(mode)}\s+\d+\.\d% ->\s+\d+\.\d%\s+\([+-]\d+\.\d points\)$", out, re.M), out
     assert f"held-out accuracy on {demo.QUICK_SETTINGS.eval_tasks} tasks" in out
@@ -32,24 +33,37 @@ def test_quick_demo_with_json_tool_calls(tmp_path, capsys):
     result = demo.main(["--quick", "--model", "tiny", "--tool-format", "json", "--output-dir", str(tmp_path), "--show", "1", "--no-progress"])
     out = capsys.readouterr().out
     assert "tool calls as json" in out and "<tools>" in out and '"name": "Calculator"' in out
-    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.steps
+    assert len(result["train_rewards"]) == demo.QUICK_SETTINGS.ppo_steps
 
 
 def test_json_tool_format_settings():
-    args = demo.build_parser().parse_args(["--tool-format", "json"])
-    settings = demo.demo_settings(args)
-    assert settings.tool_format == "json" and settings.max_new_tokens == demo.JSON_MAX_NEW_TOKENS
-    assert settings.steps == demo.DEMO_SETTINGS.steps and demo.demo_settings(demo.build_parser().parse_args([])).tool_format == "tags"
+    settings, _, _ = demo.parse(["--tool-format", "json"])
+    assert settings.tool_format == "json" and settings.max_new_tokens == 48  # a JSON call needs about 34 tokens
+    assert settings.ppo_steps == demo.DEMO_SETTINGS.ppo_steps and demo.parse([])[0].tool_format == "tags"
+    assert demo.parse([])[0].max_new_tokens == 24
 
 
 def test_small_env_var_selects_the_quick_settings(monkeypatch):
-    args = demo.build_parser().parse_args([])
     monkeypatch.delenv(demo.SMALL_ENV_VAR, raising=False)
-    assert demo.demo_settings(args).steps == demo.DEMO_SETTINGS.steps
+    assert demo.parse([])[0] == demo.DEMO_SETTINGS
     monkeypatch.setenv(demo.SMALL_ENV_VAR, "1")
-    assert demo.demo_settings(args) == demo.QUICK_SETTINGS
+    assert demo.parse([])[0] == demo.QUICK_SETTINGS
     monkeypatch.setenv(demo.SMALL_ENV_VAR, "0")
-    assert demo.demo_settings(args) == demo.DEMO_SETTINGS
+    assert demo.parse([])[0] == demo.DEMO_SETTINGS
+
+
+def test_demo_options_override_its_settings_and_share_the_other_commands_spellings(tmp_path, monkeypatch):
+    monkeypatch.delenv(demo.SMALL_ENV_VAR, raising=False)
+    settings, args, command = demo.parse(["--quick", "--ppo_steps", "3", "--max-turns", "4", "--model", "tiny", "--budget-minutes", "5", "--log_level", "warning"])
+    assert (settings.ppo_steps, settings.max_turns, settings.model) == (3, 4, "tiny")
+    assert settings.batch_size == demo.QUICK_SETTINGS.batch_size  # the rest stays quick
+    assert args.budget_minutes == 5 and command.log_level == "warning"
+    config = tmp_path / "demo.yaml"
+    config.write_text("learning_rate: 0.001\nlora_rank: 4\n")
+    settings, _, _ = demo.parse(["--config", str(config), "--lora_rank", "8"])
+    assert settings.learning_rate == 0.001 and settings.lora_rank == 8
+    with pytest.raises(ValueError, match="--tool_format must be one of"):
+        demo.parse(["--tool_format", "xml"])
 
 
 def test_demo_evaluates_100_held_out_tasks():
@@ -146,6 +160,7 @@ class _StubEnv:
 class _StubTrainer:
     def __init__(self):
         self.model = _StubModel()
+        self.config = SimpleNamespace(log_with=None)  # no tracker
         self.steps = 0
         self.logged = []
 

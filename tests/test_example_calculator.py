@@ -31,17 +31,16 @@ def logged_scalar_steps(log_dir: Path, tag: str) -> list[int]:
 def test_help_lists_the_gpu_size_flags():
     result = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    for flag in ("--steps", "--batch-size", "--mini-batch-size", "--lr", "--lora", "--no-lora", "--device", "--log-dir"):
+    for flag in ("--ppo_steps", "--batch-size", "--mini-batch-size", "--learning_rate", "--lora", "--no-lora", "--device", "--log-dir"):
         assert flag in result.stdout
 
 
 def test_flags_reach_the_settings():
     example = load_example()
-    args = example.build_parser().parse_args(
-        ["--steps", "7", "--batch-size", "32", "--mini-batch-size", "8", "--lr", "0.01", "--no-lora", "--device", "cuda"]
+    settings, _, _ = example.parse(
+        ["--ppo_steps", "7", "--batch-size", "32", "--mini-batch-size", "8", "--lr", "0.01", "--no-lora", "--device", "cuda"]
     )
-    settings = example.settings_from_args(args)
-    assert (settings.steps, settings.batch_size, settings.mini_batch_size) == (7, 32, 8)
+    assert (settings.ppo_steps, settings.batch_size, settings.mini_batch_size) == (7, 32, 8)
     assert settings.learning_rate == 0.01 and settings.lora is False and settings.device == "cuda"
 
 
@@ -50,7 +49,7 @@ def test_tiny_run_logs_to_tensorboard_saves_and_summarises(tmp_path, capsys):
     log_dir, save_dir = tmp_path / "runs", tmp_path / "model"
     summary = example.main(
         [
-            "--model", "tiny", "--steps", "2", "--batch-size", "2", "--mini-batch-size", "1", "--ppo-epochs", "1",
+            "--model", "tiny", "--ppo_steps", "2", "--batch-size", "2", "--mini-batch-size", "1", "--ppo-epochs", "1",
             "--max-new-tokens", "6", "--max-turns", "1", "--eval-tasks", "2",
             "--log-dir", str(log_dir), "--save-dir", str(save_dir), "--no-progress",
         ]

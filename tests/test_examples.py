@@ -16,7 +16,7 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(path for path in EXAMPLES_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
 CORPUS = EXAMPLES_DIR / "data" / "fictional_wiki.jsonl"
 QUESTIONS = EXAMPLES_DIR / "data" / "fictional_wiki_questions.jsonl"
-TINY_RUN = ["--model", "tiny", "--steps", "1", "--batch-size", "2", "--max-new-tokens", "8", "--eval-tasks", "1",
+TINY_RUN = ["--model", "tiny", "--ppo_steps", "1", "--batch-size", "2", "--mini-batch-size", "2", "--max-new-tokens", "8", "--eval-tasks", "1",
             "--threads", "0", "--no-progress"]
 
 
@@ -50,7 +50,7 @@ def test_help_lists_the_run_options(name, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run_script(EXAMPLES_DIR / f"{name}.py", ["--help"], monkeypatch)
     usage = capsys.readouterr().out
-    for option in ["--model", "--steps", "--batch-size", "--lora", "--no-lora", "--device", "--log-dir", "--max-new-tokens"]:
+    for option in ["--model", "--ppo_steps", "--batch-size", "--lora", "--no-lora", "--device", "--log-dir", "--max-new-tokens"]:
         assert option in usage
 
 
@@ -186,6 +186,6 @@ def test_ppo_step_example_trains_through_the_one_loop(tmp_path, monkeypatch):
 
     monkeypatch.setattr(training, "train", recording_train)
     main = example_main("ppo_step")
-    stats = main(["--steps", "2", "--batch-size", "2", "--mini-batch-size", "1", "--max-new-tokens", "4", "--max-turns", "1"])
+    stats = main(["--ppo_steps", "2", "--batch-size", "2", "--mini-batch-size", "1", "--max-new-tokens", "4", "--max-turns", "1"])
     assert steps_seen == [0, 1] and len(stats) == 2
     assert all(0.0 <= step["env/reward_mean"] <= 1.0 and "ppo/loss/total" in step for step in stats)

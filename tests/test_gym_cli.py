@@ -1,4 +1,4 @@
-"""The `textenv rollout` / `textenv train-gym` commands (tiny model) and the subcommand table."""
+"""The `textenv rollout` command and `textenv train --task gym` (tiny model), and the subcommand table."""
 
 import json
 from pathlib import Path
@@ -24,9 +24,20 @@ def rows_file(tmp_path):
 
 
 def test_subcommand_table():
-    assert {"rollout", "train-gym", "demo"} <= set(SUBCOMMANDS)
+    assert set(SUBCOMMANDS) == {"rollout", "train", "demo"}
     help_text = build_parser().format_help()
-    assert "rollout" in help_text and "train-gym" in help_text
+    assert all(name in help_text for name in SUBCOMMANDS)
+
+
+def test_an_unknown_command_names_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        run_command(["train-gym", "--steps", "1"])
+    assert "invalid choice: 'train-gym'" in capsys.readouterr().err
+
+
+def test_rollout_refuses_a_run_without_a_dataset():
+    with pytest.raises(ValueError, match="needs --dataset"):
+        run_command(["rollout", "--model", "tiny"])
 
 
 def test_rollout_command(rows_file, tmp_path, capsys):
@@ -34,13 +45,18 @@ def test_rollout_command(rows_file, tmp_path, capsys):
     summary = run_command([
         "rollout", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "math_env",
         "--external_plugins", str(PLUGIN), "--max_turns", "2", "--max_new_tokens", "3",
-        "--loss_scale", "last_round", "--output", str(out), "--no_progress",
+        "--loss_scale", "last_round", "--output", str(out), "--no_progress", "--temperature", "0",
     ])
     assert summary["episodes"] == 3 and summary["errors"] == 0
     records = read_completions(out)
     assert sorted(r["env"] for r in records) == ["guess_env", "guess_env", "math_env"]
     assert all(r["num_turns"] in (1, 2) and r["trajectory_infos"] for r in records)
     assert "episodes=3" in capsys.readouterr().out
+    again = tmp_path / "again.jsonl"
+    run_command(["rollout", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "math_env", "--external_plugins", str(PLUGIN),
+                 "--max_turns", "2", "--max_new_tokens", "3", "--output", str(again), "--no_progress", "--temperature", "0"])
+    greedy = lambda path: sorted((r["env"], json.dumps(r["messages"])) for r in read_completions(path))  # noqa: E731
+    assert greedy(out) == greedy(again)  # --temperature 0 decodes greedily
 
 
 def test_rollout_unknown_env_is_recorded_per_episode(rows_file, tmp_path):
@@ -56,14 +72,13 @@ def test_rollout_unknown_env_is_recorded_per_episode(rows_file, tmp_path):
     assert by_env["guess_env"]["error"] is None
 
 
-def test_train_gym_command(rows_file, tmp_path):
-    out = tmp_path / "completions.jsonl"
+def test_train_gym_task(rows_file, tmp_path):
     summary = run_command([
-        "train-gym", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "math_env",
+        "train", "--task", "gym", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "math_env",
         "--external_plugins", str(PLUGIN), "--max_turns", "2", "--max_new_tokens", "3", "--temperature", "1.0",
-        "--steps", "2", "--ppo_batch_size", "2", "--ppo_epochs", "1", "--output", str(out),
-        "--save_dir", str(tmp_path / "model"), "--no_progress",
+        "--ppo_steps", "2", "--batch_size", "2", "--mini_batch_size", "1", "--ppo_epochs", "1", "--max_concurrency", "1",
+        "--output_dir", str(tmp_path), "--no_progress",
     ])
     assert summary["steps"] == 2 and len(summary["reward_means"]) == 2
-    assert [r["step"] for r in read_completions(out)] == [0, 0, 1, 1]
-    assert any((tmp_path / "model").iterdir())
+    assert [r["step"] for r in read_completions(tmp_path / "completions.jsonl")] == [0, 0, 1, 1]
+    assert any((tmp_path / "final").iterdir())

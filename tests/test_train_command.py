@@ -17,33 +17,40 @@ TINY = ["--model_name_or_path", "tiny", "--steps", "2", "--batch_size", "2", "--
 def test_config_file_values_are_overridden_by_the_command_line(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("model_name_or_path: tiny\nlearning_rate: 0.001\nmax_turns: 5\nbatch_size: 4\nmini_batch_size: 2\n")
-    ppo_config, run, model = parse(["--config", str(config), "--learning-rate", "2e-5"])
-    assert ppo_config.learning_rate == 2e-5 and ppo_config.batch_size == 4 and run.max_turns == 5
-    assert model.model_name_or_path == "tiny"
+    options = parse(["--config", str(config), "--learning-rate", "2e-5"])
+    assert options.ppo.learning_rate == 2e-5 and options.ppo.batch_size == 4 and options.episode.max_turns == 5
+    assert options.model.model_name_or_path == "tiny"
 
 
 @pytest.mark.parametrize("flag", ["--max_turns", "--max-turns"])
 def test_both_spellings(flag):
-    assert parse([flag, "7"])[1].max_turns == 7
+    assert parse([flag, "7"]).episode.max_turns == 7
 
 
 def test_lora_flags_go_through_trl_get_peft_config():
     from trl import get_peft_config
 
-    _, _, model = parse(["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"])
+    model = parse(["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj"]).model
     peft_config = get_peft_config(model)
     assert peft_config.r == 4 and peft_config.lora_alpha == 8 and set(peft_config.target_modules) == {"q_proj", "v_proj"}
-    assert get_peft_config(parse([])[2]) is None
+    assert get_peft_config(parse([]).model) is None
 
 
 def test_report_to_sets_the_tracker_and_its_folder(tmp_path):
-    ppo_config, _, _ = parse(["--report_to", "tensorboard", "--output_dir", str(tmp_path)])
+    ppo_config = parse(["--report_to", "tensorboard", "--output_dir", str(tmp_path)]).ppo
     assert ppo_config.log_with == "tensorboard" and ppo_config.project_kwargs["logging_dir"] == str(tmp_path / "runs")
 
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--task", "chess"], "--task must be one of"), (["--task", "gym"], "needs --dataset"), (["--report_to", "mlflow"], "--report_to must be")],
+    [
+        (["--task", "chess"], "--task must be one of"),
+        (["--task", "gym"], "needs --dataset"),
+        (["--report_to", "mlflow"], "--report_to must be"),
+        (["--loss_scale", "first"], "loss_scale must be one of"),
+        (["--mixed_precision", "int8"], "--mixed_precision must be"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+    ],
 )
 def test_bad_options_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -55,7 +62,24 @@ def test_calculator_run_saves_checkpoints_the_final_model_and_tensorboard_logs(t
     assert result["steps"] == 1 and len(result["reward_means"]) == 1
     assert is_complete_checkpoint(tmp_path / "checkpoint-1")
     assert any((tmp_path / "final").glob("*.safetensors"))
-    assert list((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    tables = _tensorboard_texts(tmp_path / "runs", "episodes")
+    assert len(tables) == 1 and tables[0].startswith("| query | response | reward |")
+    assert tables[0].count("\n| ") == 2  # one row per episode of the batch
+    assert result["logs"][0].batch.response_texts[0].replace("\n", "<br>").replace("|", "\\|") in tables[0]
+
+
+def _tensorboard_texts(log_dir, tag):
+    """The text summaries logged under `tag` in any tensorboard event file under `log_dir`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    texts = []
+    for folder in sorted({path.parent for path in log_dir.rglob("events.out.tfevents.*")}):
+        accumulator = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        for name in accumulator.Tags()["tensors"]:
+            if name.startswith(tag):
+                texts += [event.tensor_proto.string_val[0].decode() for event in accumulator.Tensors(name)]
+    return texts
 
 
 def test_gym_run_writes_completions(tmp_path):
@@ -117,17 +141,25 @@ def test_push_to_hub_uploads_the_final_folder_with_a_model_card(tmp_path, monkey
 
 
 def test_short_aliases_of_the_other_commands():
-    _, _, model = parse(["--model", "tiny", "--lora", "--lora-rank", "8"])
+    model = parse(["--model", "tiny", "--lora", "--lora-rank", "8"]).model
     assert model.model_name_or_path == "tiny" and model.use_peft and model.lora_r == 8
-    assert parse(["--model=bundled"])[2].model_name_or_path == "bundled"
+    assert parse(["--model=bundled"]).model.model_name_or_path == "bundled"
+
+
+def test_ppo_steps_means_what_it_means_in_the_demo():
+    options = parse(["--ppo_steps", "5", "--batch_size", "4", "--mini_batch_size", "2"])
+    assert options.ppo.steps == 20 and options.ppo.total_ppo_epochs == 5  # --steps keeps legacy PPOConfig's meaning: samples
+    assert parse(["--steps", "20", "--batch_size", "4", "--mini_batch_size", "2"]).ppo.total_ppo_epochs == 5
 
 
 def test_dataset_from_a_datasets_folder(tmp_path):
     import datasets
 
-    from textenv.training.command import load_dataset_rows
+    from textenv.gym import load_rows
 
     rows = [{"query": "What is 1+1?", "answer": "2"}, {"query": "What is 2+2?", "answer": "4"}]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "plain"))
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "split"))
-    assert load_dataset_rows(str(tmp_path / "plain")) == rows == load_dataset_rows(str(tmp_path / "split"))
+    assert load_rows(str(tmp_path / "plain")) == rows == load_rows(str(tmp_path / "split"))
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        load_rows(str(tmp_path / "missing.jsonl"))

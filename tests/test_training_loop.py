@@ -25,7 +25,7 @@ from textenv.training import (
 )
 
 SETTINGS = Settings(
-    model="tiny", steps=2, batch_size=2, mini_batch_size=1, learning_rate=1e-3, lora_layers=1,
+    model="tiny", ppo_steps=2, batch_size=2, mini_batch_size=1, learning_rate=1e-3, lora_layers=1,
     max_new_tokens=4, max_turns=2, generation_batch_size=2,
 )
 MATH_ROWS = [{"problem": "What is 2+2?", "solution": "4"}, {"problem": "What is 3+4?", "solution": "7"}]
@@ -52,7 +52,7 @@ class ModeRecorder:
 
 
 def run_front_end(name: str, tmp_path):
-    """Train `SETTINGS.steps` steps on `name`'s episodes; returns the logs, what `on_step` saw, the
+    """Train `SETTINGS.ppo_steps` steps on `name`'s episodes; returns the logs, what `on_step` saw, the
     recorder and whether the trained weights changed."""
     torch.manual_seed(0)
     model, tokenizer = build_policy(SETTINGS)
@@ -66,7 +66,7 @@ def run_front_end(name: str, tmp_path):
     trained = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in trained]
     seen = []
-    logs = train(trainer, recorder, SETTINGS.steps, on_step=seen.append, progress=False)
+    logs = train(trainer, recorder, SETTINGS.ppo_steps, on_step=seen.append, progress=False)
     changed = any(not torch.equal(b, p) for b, p in zip(before, trained))
     return logs, seen, recorder, changed
 
@@ -80,9 +80,9 @@ def both_front_ends(tmp_path_factory):
 @pytest.mark.parametrize("name", ["text_environment", "gym"])
 def test_the_loop_trains_and_calls_on_step_once_per_step(both_front_ends, name):
     logs, seen, recorder, changed = both_front_ends[0][name]
-    assert [log.step for log in logs] == list(range(SETTINGS.steps))
+    assert [log.step for log in logs] == list(range(SETTINGS.ppo_steps))
     assert len(seen) == len(logs) and all(a is b for a, b in zip(seen, logs))  # once per step, in order
-    assert recorder.training == [False] * SETTINGS.steps  # the policy plays in eval mode after a PPO step too
+    assert recorder.training == [False] * SETTINGS.ppo_steps  # the policy plays in eval mode after a PPO step too
     assert changed  # a real PPO step moved the adapters / value head
     for log in logs:
         batch = log.batch

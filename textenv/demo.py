@@ -11,27 +11,29 @@ by calling the calculator tool (TextEnvironment + PPOTrainer.step, exact-match r
    the reward curve to `outputs/demo/reward_curve.png`.
 
 Training runs a fixed number of steps, but stops early when the next step would not leave time for the final
-evaluation within `--budget-minutes` (20 by default, 45 with `--tool-format json`, whose longer chat
+evaluation within `--budget_minutes` (20 by default, 45 with `--tool_format json`, whose longer chat
 prompts and JSON calls make every step and evaluation about twice as slow): on a busy machine the demo
 trains less.
 
-`--quick` (or `TEXTENV_SMALL=1`) runs a tiny version for smoke tests.
+`--quick` (or `TEXTENV_SMALL=1`) runs a tiny version for smoke tests. Every training setting is an option
+(`textenv demo --help`), shared with the examples and, for how episodes are played, with `textenv train`
+and `textenv rollout`.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
+import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from textenv import training
 from textenv.extras import require
-from textenv.logs import LOG_LEVELS, setup_logging
-from textenv.options import mixed_precision_setting
+from textenv.logs import setup_logging
+from textenv.options import CommandArguments, parse_options
 from textenv.reporting import peak_memory_mb
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 DEMO_SETTINGS = training.Settings()
 QUICK_SETTINGS = replace(
     DEMO_SETTINGS,
-    steps=2,
+    ppo_steps=2,
     batch_size=2,
     mini_batch_size=1,
     ppo_epochs=1,
@@ -48,44 +50,35 @@ QUICK_SETTINGS = replace(
     eval_tasks=2,
 )
 SMALL_ENV_VAR = "TEXTENV_SMALL"
-JSON_MAX_NEW_TOKENS = 48  # a JSON call of the calculator is about 34 tokens
 DEFAULT_BUDGET_MINUTES = {"tags": 20.0, "json": 45.0}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="textenv demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class DemoArguments:
+    """What the demo adds to the training `Settings` (whose options it shares with the examples)."""
+
+    quick: bool = field(default=False, metadata={"help": f"a tiny smoke-test run (also: {SMALL_ENV_VAR}=1); other options still apply"})
+    output_dir: str = field(default="outputs/demo", metadata={"help": "where the reward curve goes"})
+    show: int = field(default=2, metadata={"help": "held-out episodes shown before and after training"})
+    budget_minutes: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "stop training early so that the whole demo, final evaluation included, fits in this many minutes "
+            f"(0: no limit; default {DEFAULT_BUDGET_MINUTES['tags']:g}, {DEFAULT_BUDGET_MINUTES['json']:g} with --tool_format json)"
+        },
     )
-    parser.add_argument("--quick", action="store_true", help=f"a tiny smoke-test run (also: {SMALL_ENV_VAR}=1)")
-    parser.add_argument("--model", default="bundled", help="'bundled' (default), 'tiny' (random weights, for tests) or a folder / hub id")
-    parser.add_argument("--output-dir", default="outputs/demo", help="where the reward curve goes (default: %(default)s)")
-    parser.add_argument("--show", type=int, default=2, help="held-out episodes shown before and after training (default: %(default)s)")
-    parser.add_argument(
-        "--budget-minutes", type=float, default=None,
-        help="stop training early so that the whole demo, final evaluation included, fits in this many minutes "
-        f"(0 = no limit; default: {DEFAULT_BUDGET_MINUTES['tags']:g}, {DEFAULT_BUDGET_MINUTES['json']:g} with --tool-format json)",
-    )
-    parser.add_argument(
-        "--mixed-precision", choices=["no", "bf16"], default="no",
-        help="'bf16': rollouts and PPO steps in bf16 autocast, weights float32 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--tool-format", choices=["tags", "json"], default="tags",
-        help="'tags': the legacy <request><Calculator>...<call> syntax; 'json': the chat template's JSON tool calls "
-        "(default: %(default)s)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--log-level", "--log_level", dest="log_level", choices=LOG_LEVELS, default="info", help="(default: %(default)s)")
-    return parser
 
 
-def demo_settings(args: argparse.Namespace) -> training.Settings:
-    """The fixed demo settings, or the quick ones with `--quick` / `TEXTENV_SMALL=1`."""
-    quick = args.quick or os.environ.get(SMALL_ENV_VAR, "") not in ("", "0")
-    base = QUICK_SETTINGS if quick else DEMO_SETTINGS
-    if args.tool_format == "json" and not quick:
-        base = replace(base, max_new_tokens=JSON_MAX_NEW_TOKENS)
-    return replace(base, model=args.model, mixed_precision=mixed_precision_setting(args.mixed_precision), tool_format=args.tool_format)
+def parse(argv: Sequence[str] | None = None) -> tuple[training.Settings, DemoArguments, CommandArguments]:
+    """The demo's settings (the fixed demo ones, or the quick ones with ``--quick`` / `TEXTENV_SMALL=1`,
+    with any option given on the command line or in ``--config`` on top) and its own options."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    quick = any(argument.split("=")[0] == "--quick" for argument in argv) or os.environ.get(SMALL_ENV_VAR, "") not in ("", "0")
+    defaults = asdict(QUICK_SETTINGS if quick else DEMO_SETTINGS)
+    if not quick:
+        defaults.pop("max_new_tokens")  # its default depends on --tool_format
+    classes = (training.Settings, DemoArguments, CommandArguments)
+    return parse_options(classes, argv, prog="textenv demo", description=__doc__, defaults=defaults)
 
 
 def measure(env, queries: list[str], answers: list[float], label: str, progress: bool = False) -> dict[str, training.Evaluation]:
@@ -113,7 +106,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
         change = 100 * (after[mode].accuracy - before[mode].accuracy)
         logger.info(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
     logger.info(
-        f"training: {steps_run} of {settings.steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
+        f"training: {steps_run} of {settings.ppo_steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
         f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}, tool calls as {settings.tool_format}"
     )
@@ -121,11 +114,10 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
     logger.info(f"reward curve: {curve}")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     """Run the demo and return its figures (accuracies before/after, seconds, the curve's path)."""
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    settings = demo_settings(args)
+    settings, args, command = parse(argv)
+    setup_logging(command.log_level)
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
@@ -135,18 +127,18 @@ def main(argv: list[str] | None = None) -> dict:
     eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 
-    before = measure(env, eval_queries, eval_answers, "before", progress=not args.no_progress)
+    before = measure(env, eval_queries, eval_answers, "before", progress=not command.no_progress)
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     deadline = None
-    budget_minutes = DEFAULT_BUDGET_MINUTES[args.tool_format] if args.budget_minutes is None else args.budget_minutes
+    budget_minutes = DEFAULT_BUDGET_MINUTES[settings.tool_format] if args.budget_minutes is None else args.budget_minutes
     if budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
         evaluation_seconds = sum(evaluation.seconds for evaluation in before.values())
         deadline = started + 60 * budget_minutes - evaluation_seconds
     episodes = training.TextEnvironmentSource(env, task_batches)
-    logs = training.train(ppo_trainer, episodes, settings.steps, deadline=deadline, progress=not args.no_progress)
-    if len(logs) < settings.steps:
-        logger.info(f"time budget reached: stopping after {len(logs)} of {settings.steps} steps")
-    after = measure(env, eval_queries, eval_answers, "after", progress=not args.no_progress)
+    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, deadline=deadline, progress=not command.no_progress)
+    if len(logs) < settings.ppo_steps:
+        logger.info(f"time budget reached: stopping after {len(logs)} of {settings.ppo_steps} steps")
+    after = measure(env, eval_queries, eval_answers, "after", progress=not command.no_progress)
     show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
     curve = plot_reward_curve(

@@ -1,69 +1,190 @@
-"""The command-line options the tool-learning example scripts share (`examples/calculator.py`,
-`examples/triviaqa.py`, `examples/python_interpreter.py`), read back as training `Settings`."""
+"""The options every `textenv` command and example shares, and the one way they are parsed.
+
+Options are dataclasses read by TRL's `TrlParser` (an `HfArgumentParser`), as TRL's own scripts read theirs:
+``--config run.yaml`` reads any option from a file and the command line overrides it; every option takes both
+spellings (``--max_turns`` and ``--max-turns``); ``--model``, ``--lora`` and ``--lora_rank`` are understood
+by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS`).
+
+- `EpisodeArguments`: how episodes are played (device, turns, tokens per turn, temperature, tool format, ...);
+  `textenv.training.Settings` extends it, so the demo and the examples take the same options as
+  `textenv rollout` and `textenv train`.
+- `GymArguments`: where Gym episodes come from (the dataset, the env, plugins, the scheduler's limits).
+- `CommandArguments`: logging and progress bars; `ExampleArguments`: what the example scripts add.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 from textenv.logs import LOG_LEVELS
-from textenv.training import Settings
+
+TOOL_FORMATS = ("tags", "json")
+MIXED_PRECISIONS = ("bf16", "fp16")
+DEFAULT_MAX_NEW_TOKENS = {"tags": 24, "json": 48}  # a JSON call of the calculator is about 34 tokens
+
+# Spellings of one option across commands: each is rewritten to the one the command's parser knows.
+ALIAS_GROUPS = (
+    ("--model", "--model_name_or_path"),
+    ("--lora", "--use_peft"),
+    ("--lora_rank", "--lora-rank", "--lora_r"),
+    ("--lr", "--learning_rate"),
+)
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, defaults: Settings, mini_batch_size: int | None = None) -> None:
-    """Add the options every tool-learning example shares (model, device, PPO sizes, LoRA, turns,
-    logging) to an `argparse` parser; read them back with `settings_from_args`.
+@dataclass
+class EpisodeArguments:
+    """How the policy plays episodes: shared by `textenv rollout`, `textenv train`, the demo and the examples."""
+
+    device: str = field(default="cpu", metadata={"help": "torch device of the policy (cpu, cuda, ...)"})
+    max_turns: int = field(default=3, metadata={"help": "model turns per episode (0: no limit)"})
+    max_new_tokens: Optional[int] = field(
+        default=None, metadata={"help": "tokens per model turn (default: 24 with tag tool calls, 48 with JSON ones)"}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts; 0 decodes greedily"})
+    generation_batch_size: int = field(default=50, metadata={"help": "episodes generated together"})
+    mixed_precision: Optional[str] = field(
+        default=None, metadata={"help": "'bf16' or 'fp16': rollouts and PPO steps in autocast, weights float32 ('no' or unset: float32)"}
+    )
+    tool_format: str = field(default="tags", metadata={"help": "'tags' (<request><Tool>...<call>) or 'json' (the chat template's tool calls)"})
+    tool_parser: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: hermes, qwen, llama3 or mistral (default: the chat template's)"})
+
+    def __post_init__(self) -> None:
+        if self.tool_format not in TOOL_FORMATS:
+            raise ValueError(f"--tool_format must be one of {list(TOOL_FORMATS)}, got {self.tool_format!r}.")
+        if self.mixed_precision == "no":
+            self.mixed_precision = None
+        if self.mixed_precision not in (None, *MIXED_PRECISIONS):
+            raise ValueError(f"--mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}.")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        if self.max_new_tokens is None:
+            self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[self.tool_format]
+
+    def generation_kwargs(self) -> dict[str, Any]:
+        """`generate` keyword arguments: pure sampling at `temperature` (no top-k / top-p), or greedy at 0."""
+        if self.temperature == 0:
+            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
+        return {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0, "max_new_tokens": self.max_new_tokens}
+
+
+@dataclass
+class GymArguments:
+    """Where Gym episodes come from and the scheduler's limits (ms-swift's option names)."""
+
+    dataset: Optional[str] = field(default=None, metadata={"help": "gym rows: a .jsonl / .json file, a datasets folder (save_to_disk) or a hub dataset id"})
+    gym_env: Optional[str] = field(default=None, metadata={"help": "env name for rows without env_config.name"})
+    context_manager: Optional[str] = field(default=None, metadata={"help": "context manager for rows without ctx_config.name (default dummyContextManager)"})
+    external_plugins: list[str] = field(default_factory=list, metadata={"help": "plugin .py files registering envs / context managers"})
+    loss_scale: str = field(default="last_round", metadata={"help": "which rounds are trained on: last_round, default or all"})
+    max_length: Optional[int] = field(default=None, metadata={"help": "end an episode once its context has this many tokens"})
+    max_concurrency: int = field(default=64, metadata={"help": "episodes alive at once"})
+    step_timeout: float = field(default=60.0, metadata={"help": "seconds an env reset/step/close may take"})
+
+    def __post_init__(self) -> None:
+        from textenv.chat.transcript import check_loss_scale
+
+        check_loss_scale(self.loss_scale)
+
+    def scheduler(self, model, tokenizer, episode: EpisodeArguments):
+        """The `GymScheduler` these options and `episode`'s describe (`max_turns` 0: no limit)."""
+        from textenv.gym import GymScheduler
+
+        return GymScheduler(
+            model,
+            tokenizer,
+            gym_env=self.gym_env,
+            context_manager=self.context_manager,
+            max_turns=episode.max_turns or None,
+            loss_scale=self.loss_scale,
+            generation_kwargs=episode.generation_kwargs(),
+            batch_size=episode.generation_batch_size,
+            max_concurrency=self.max_concurrency,
+            step_timeout=self.step_timeout,
+            max_length=self.max_length,
+            external_plugins=self.external_plugins,
+            mixed_precision=episode.mixed_precision,
+            tool_parser=episode.tool_parser,
+        )
+
+
+@dataclass
+class CommandArguments:
+    """Logging and progress bars."""
+
+    log_level: str = field(default="info", metadata={"help": f"one of {', '.join(LOG_LEVELS)} (other ranks: warning)"})
+    no_progress: bool = field(default=False, metadata={"help": "no progress bars"})
+
+    def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"--log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}.")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, each option's default after its help."""
+
+
+@dataclass
+class ExampleArguments:
+    """What the example scripts add to the training `Settings`."""
+
+    log_dir: str = field(default="runs", metadata={"help": "tensorboard logging_dir"})
+    save_dir: Optional[str] = field(default=None, metadata={"help": "save the trained model (adapters + value head) here"})
+    show: int = field(default=2, metadata={"help": "evaluation episodes to print with show_text"})
+
+
+def with_aliases(argv: Sequence[str], known: set[str]) -> list[str]:
+    """`argv` with each spelling of `ALIAS_GROUPS` the parser does not know replaced by the one it knows
+    (``--model=x`` too)."""
+    replaced = []
+    for argument in argv:
+        name, sep, value = argument.partition("=")
+        group = next((group for group in ALIAS_GROUPS if name in group), ())
+        if name in known or not group:
+            replaced.append(argument)
+            continue
+        target = next((spelling for spelling in group if spelling in known), name)
+        replaced.append(target + sep + value)
+    return replaced
+
+
+def parse_options(
+    classes: Sequence[type],
+    argv: Optional[Sequence[str]] = None,
+    prog: Optional[str] = None,
+    description: Optional[str] = None,
+    defaults: Optional[dict[str, Any]] = None,
+) -> tuple:
+    """Parse the command line (and its ``--config`` YAML file) into one instance of each dataclass.
 
     Args:
-        parser (`argparse.ArgumentParser`): the example's parser.
-        defaults (`Settings`): the options' defaults.
-        mini_batch_size (`int`, *optional*): the default of ``--mini-batch-size`` (`None`: the batch size).
+        classes (`Sequence[type]`): the option dataclasses, e.g. ``(PPOConfig, EpisodeArguments, ModelConfig)``.
+        argv (`Sequence[str]`, *optional*): the arguments (default: ``sys.argv[1:]``).
+        prog (`str`, *optional*): the command's name in messages.
+        description (`str`, *optional*): shown by ``--help``.
+        defaults (`dict`, *optional*): the command's own defaults, by field name (the file and the command
+            line override them).
+
+    Returns:
+        One instance per class, in the order of `classes`.
+
+    Raises:
+        ValueError: an option's value is refused by its class (the message names the option).
     """
-    parser.add_argument("--model", default=defaults.model, help="'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests), or a folder / hub id (default: %(default)s)")
-    parser.add_argument("--device", default=defaults.device, help="torch device, e.g. cpu or cuda (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads, 0 = torch default (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="PPO steps (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per PPO step (default: %(default)s)")
-    mini_batch_help = "(default: %(default)s)" if mini_batch_size is not None else "(default: the batch size)"
-    parser.add_argument("--mini-batch-size", type=int, default=mini_batch_size, help=f"episodes per mini-batch {mini_batch_help}")
-    parser.add_argument("--ppo-epochs", type=int, default=defaults.ppo_epochs, help="(default: %(default)s, as in the legacy example)")
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="learning rate (default: %(default)s)")
-    parser.add_argument("--init-kl-coef", type=float, default=defaults.init_kl_coef, help="(default: %(default)s)")
-    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=defaults.lora, help="train LoRA adapters instead of all weights (default: %(default)s)")
-    parser.add_argument("--lora-rank", type=int, default=defaults.lora_rank, help="(default: %(default)s)")
-    parser.add_argument("--lora-layers", type=int, default=defaults.lora_layers, help="adapt only the top N layers, 0 = all (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="tokens per model turn (default: %(default)s)")
-    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="model turns per episode: tool call, then answer (default: %(default)s)")
-    parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no", help="'bf16': PPO step and rollout in bf16 autocast, weights float32 (default: %(default)s)")
-    parser.add_argument("--log-dir", default="runs", help="tensorboard logging_dir (default: %(default)s)")
-    parser.add_argument("--save-dir", default=None, help="save the trained model (adapters + value head) here")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    parser.add_argument("--log-level", "--log_level", dest="log_level", choices=LOG_LEVELS, default="info", help="(default: %(default)s; other ranks: warning)")
+    import sys
+
+    from trl import TrlParser
+
+    parser = TrlParser(classes, prog=prog, description=description, formatter_class=HelpFormatter)
+    if defaults:
+        parser.set_defaults(**defaults)
+    known = set(parser._option_string_actions)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return tuple(parser.parse_args_and_config(with_aliases(argv, known)))
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The `Settings` of the options of `add_training_arguments`."""
-    return Settings(
-        model=args.model,
-        device=args.device,
-        threads=args.threads,
-        seed=args.seed,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        mini_batch_size=args.mini_batch_size or args.batch_size,
-        ppo_epochs=args.ppo_epochs,
-        learning_rate=args.lr,
-        init_kl_coef=args.init_kl_coef,
-        lora=args.lora,
-        lora_rank=args.lora_rank,
-        lora_layers=args.lora_layers,
-        max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns,
-        generation_batch_size=args.batch_size,
-        mixed_precision=mixed_precision_setting(args.mixed_precision),
-    )
-
-
-def mixed_precision_setting(choice: str) -> str | None:
-    """The ``mixed_precision`` setting of a ``--mixed-precision`` choice: ``None`` for ``"no"``."""
-    return None if choice == "no" else choice
+def field_values(instance: Any, cls: type) -> dict[str, Any]:
+    """The values of `cls`'s fields in `instance` (e.g. the `EpisodeArguments` part of a `Settings`)."""
+    return {field.name: getattr(instance, field.name) for field in dataclasses.fields(cls)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import argparse
 import resource
 from pathlib import Path
 from typing import Sequence
@@ -30,27 +29,27 @@ def summarise(logs: Sequence[StepLog]) -> dict:
     }
 
 
-def print_summary(name: str, summary: dict, args: argparse.Namespace, held_out: str, log_dir: str | Path) -> None:
+def print_summary(name: str, summary: dict, settings, save_dir: str | None, held_out: str, log_dir: str | Path) -> None:
     """Print an example run's summary (what the smoke tests check).
 
     Args:
         name (`str`): the example's name, shown in the header.
         summary (`dict`): from `summarise`, plus `seconds` and optionally `held_out_accuracy`.
-        args (`argparse.Namespace`): the example's parsed arguments (`batch_size`, `model`, `lora`, `lr`,
-            `eval_tasks`, `save_dir`).
+        settings (`Settings`): the run's settings (batch size, model, LoRA, learning rate, held-out tasks).
+        save_dir (`str`, *optional*): where the model was saved.
         held_out (`str`): what the held-out tasks are, e.g. `"held-out problems"`.
         log_dir (`str` or `Path`): where the tensorboard logs went.
     """
     logger.info(f"\n=== {name} PPO summary ===")
-    logger.info(f"steps: {summary['steps']} x {args.batch_size} episodes, model: {args.model}, lora: {args.lora}, lr: {args.lr}")
+    logger.info(f"steps: {summary['steps']} x {settings.batch_size} episodes, model: {settings.model}, lora: {settings.lora}, lr: {settings.learning_rate}")
     logger.info(
         f"mean reward: first {summary['window']} step(s) {summary['first_reward']:.3f}, "
         f"last {summary['window']} step(s) {summary['last_reward']:.3f}; final KL {summary['final_kl']:.3f}"
     )
     if "held_out_accuracy" in summary:
-        logger.info(f"held-out accuracy (greedy, {args.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
+        logger.info(f"held-out accuracy (greedy, {settings.eval_tasks} {held_out}): {summary['held_out_accuracy']:.1%}")
     logger.info(f"wall time: {summary['seconds']:.1f} s, peak memory: {peak_memory_mb():.0f} MiB")
-    logger.info(f"tensorboard logs: {log_dir}" + (f"; model saved to {args.save_dir}" if args.save_dir else ""))
+    logger.info(f"tensorboard logs: {log_dir}" + (f"; model saved to {save_dir}" if save_dir else ""))
 
 
 def peak_memory_mb() -> float:

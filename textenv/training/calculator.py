@@ -8,13 +8,12 @@ from typing import Iterator, Sequence
 from textenv.environment import TextEnvironment
 from textenv.tasks import calculator as task
 from textenv.tools import Calculator
-from textenv.training.evaluation import SAMPLING_KWARGS
 from textenv.training.settings import Settings
 
 
 def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
     """The calculator `TextEnvironment`: the 2-shot prompt, the `Calculator` tool and the exact-match
-    reward, sampling at temperature 1 with `settings.max_new_tokens` per turn and `settings.max_turns`
+    reward, sampling at `settings.temperature` with `settings.max_new_tokens` per turn and `settings.max_turns`
     turns (in `settings.mixed_precision`). With `settings.tool_format="json"` the same two examples are
     chat messages with JSON tool calls, and the reward wants a final reply `Result=N`."""
     json_calls = settings.tool_format == "json"
@@ -25,10 +24,11 @@ def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEn
         task.json_exact_match_reward if json_calls else task.exact_match_reward,
         task.JSON_PROMPT if json_calls else task.PROMPT,
         max_turns=settings.max_turns,
-        generation_kwargs={**SAMPLING_KWARGS, "max_new_tokens": settings.max_new_tokens},
+        generation_kwargs=settings.generation_kwargs(),
         batch_size=settings.generation_batch_size,
         mixed_precision=settings.mixed_precision,
         tool_format=settings.tool_format,
+        tool_parser=settings.tool_parser,
     )
 
 

@@ -4,7 +4,8 @@ Every PPO step, top to bottom:
 
 1. the episode source plays a batch of episodes with the policy (in eval mode) and scores them;
 2. `PPOTrainer.step` optimises on the query tokens, response tokens, scores and masks;
-3. `PPOTrainer.log_stats` sends the step's statistics to the trainer's trackers (tensorboard, wandb);
+3. `PPOTrainer.log_stats` sends the step's statistics to the trainer's trackers (tensorboard, wandb), and
+   the episodes go there as a table (wandb: `game_log`, as in legacy TRL; tensorboard: a text `episodes`);
 4. a `StepLog` records the step and `on_step(log)` is called with it.
 
 Printing, plotting and argument parsing belong to the callers (`textenv.demo`, `textenv.cli`, the examples).
@@ -88,6 +89,8 @@ def train(
         stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks)
         ppo_seconds = time.perf_counter() - ppo_started
         trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
+        if trainer.config.log_with == "tensorboard":
+            trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
 
         log = StepLog(
             step=step,

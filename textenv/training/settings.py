@@ -4,77 +4,49 @@ from __future__ import annotations
 
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from textenv.options import EpisodeArguments
 from textenv.training.policy import load_policy
 
 
 @dataclass
-class Settings:
-    """Everything one training run depends on. The defaults are the demo's (the calculator agent on a CPU).
+class Settings(EpisodeArguments):
+    """Everything one training run of a `TextEnvironment` task depends on: how episodes are played (the fields
+    of `textenv.options.EpisodeArguments`) and the model, PPO, LoRA and evaluation settings below. The
+    defaults are the demo's (the calculator agent on a CPU). The demo and the examples read them from the
+    command line with `textenv.options.parse_options`; each field's ``help`` says what it holds.
 
     Tuning note (bundled model, LoRA r=16 on the top 8 layers, 16 episodes per step): a learning rate of
     1e-3 with 4 mini-batches per step wrecked the policy in one step (KL 2.5, training reward 0.50 -> 0.06).
 
-    Attributes:
-        model: `"bundled"` (SmolLM2-135M-Instruct), `"tiny"` (a random tiny model, for smoke tests) or a
-            local folder / hub id of a causal LM.
-        device: torch device of the policy (`"cpu"`, `"cuda"`, ...).
-        threads: torch CPU threads (`torch.set_num_threads`); 0 leaves torch's default.
-        seed: seed of torch, of the training tasks and of the PPO trainer.
-        steps: PPO steps.
-        batch_size: episodes per PPO step.
-        mini_batch_size: episodes per PPO mini-batch (forward + backward).
-        ppo_epochs: optimisation passes over each batch.
-        learning_rate: Adam learning rate.
-        init_kl_coef: initial weight of the KL penalty to the reference policy.
-        adap_kl_ctrl: adapt the KL weight towards `kl_target`.
-        kl_target: target KL of the adaptive controller.
-        lora: train LoRA adapters (peft) instead of all weights.
-        lora_rank: LoRA rank `r` (`lora_alpha = 2 * r`).
-        lora_layers: put adapters on the top `lora_layers` decoder layers only (0 = all layers). Gradients
-            then stop at the lowest adapted layer, which makes the backward pass much cheaper on a CPU.
-        value_head_init_std: the value head starts with weights ~ N(0, this) and bias 0, so its first
-            values are about 0. With PyTorch's default init the bundled model's values differ by ~1.3
-            from one position to the next, more than the 0/1 reward, and the first PPO steps follow that
-            noise. 0 keeps the default init.
-        max_new_tokens: tokens per model turn.
-        max_turns: model turns per episode.
-        generation_batch_size: episodes generated together.
-        eval_tasks: size of the held-out task set.
-        eval_seed: seed of the held-out task set.
-        mixed_precision: `"bf16"` (or `"fp16"`): the PPO step under accelerate's mixed precision and the rollout
-            under `torch.autocast` in that dtype (weights stay float32); `None`: float32 throughout.
-        tool_format: `"tags"` (the legacy `<request><Calculator>...<call>` syntax) or `"json"` (the chat
-            template's JSON tool calls) for the calculator job.
+    `value_head_init_std`: the value head starts with weights ~ N(0, this) and bias 0, so its first values
+    are about 0. With PyTorch's default init the bundled model's values differ by ~1.3 from one position to
+    the next, more than the 0/1 reward, and the first PPO steps follow that noise.
     """
 
-    model: str = "bundled"
-    device: str = "cpu"
-    threads: int = 2
-    seed: int = 0
-    steps: int = 20
-    batch_size: int = 16
-    mini_batch_size: int = 4
-    ppo_epochs: int = 1
-    learning_rate: float = 2e-4
-    init_kl_coef: float = 0.02
-    adap_kl_ctrl: bool = True
-    kl_target: float = 6.0
-    lora: bool = True
-    lora_rank: int = 16
-    lora_layers: int = 8
-    value_head_init_std: float = 1e-3
-    max_new_tokens: int = 24
-    max_turns: int = 3
-    generation_batch_size: int = 50
-    eval_tasks: int = 100
-    eval_seed: int = 1234
-    mixed_precision: str | None = None
-    tool_format: str = "tags"
+    model: str = field(default="bundled", metadata={"help": "'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests) or a folder / hub id"})
+    threads: int = field(default=2, metadata={"help": "torch CPU threads (0: torch's default)"})
+    seed: int = field(default=0, metadata={"help": "seed of torch, of the training tasks and of the PPO trainer"})
+    ppo_steps: int = field(default=20, metadata={"help": "PPO steps (each on batch_size episodes)"})
+    batch_size: int = field(default=16, metadata={"help": "episodes per PPO step"})
+    mini_batch_size: int = field(default=4, metadata={"help": "episodes per PPO mini-batch (forward + backward)"})
+    ppo_epochs: int = field(default=1, metadata={"help": "optimisation passes over each batch"})
+    learning_rate: float = field(default=2e-4, metadata={"help": "Adam learning rate"})
+    init_kl_coef: float = field(default=0.02, metadata={"help": "initial weight of the KL penalty to the reference policy"})
+    adap_kl_ctrl: bool = field(default=True, metadata={"help": "adapt the KL weight towards kl_target"})
+    kl_target: float = field(default=6.0, metadata={"help": "target KL of the adaptive controller"})
+    lora: bool = field(default=True, metadata={"help": "train LoRA adapters (peft) instead of all weights"})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank r (lora_alpha = 2 r)"})
+    lora_layers: int = field(
+        default=8, metadata={"help": "adapters on the top N decoder layers only, 0 = all (the backward pass then stops at the lowest one)"}
+    )
+    value_head_init_std: float = field(default=1e-3, metadata={"help": "std of the value head's initial weights (0: PyTorch's default init)"})
+    eval_tasks: int = field(default=100, metadata={"help": "size of the held-out task set (0: none)"})
+    eval_seed: int = field(default=1234, metadata={"help": "seed of the held-out task set"})
 
 
 def seed_everything(seed: int, threads: int = 0) -> None:
@@ -120,7 +92,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
     config = PPOConfig(
         exp_name=name,
         seed=settings.seed,
-        steps=settings.steps * settings.batch_size,
+        steps=settings.ppo_steps * settings.batch_size,
         learning_rate=settings.learning_rate,
         batch_size=settings.batch_size,
         mini_batch_size=settings.mini_batch_size,

@@ -43,6 +43,15 @@ class EpisodeBatch:
         """Mean score of the batch."""
         return sum(float(score) for score in self.scores) / len(self.scores)
 
+    def markdown_table(self) -> str:
+        """The episodes as a Markdown table (query, response, reward), as tensorboard's text tab shows it."""
+
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", "<br>")
+
+        rows = [f"| {cell(query)} | {cell(response)} | {float(score):.3f} |" for query, response, score in zip(self.query_texts, self.response_texts, self.scores)]
+        return "\n".join(["| query | response | reward |", "|---|---|---|", *rows])
+
 
 class EpisodeSource(Protocol):
     """Anything that plays one PPO step's episodes: ``collect(step) -> EpisodeBatch``. A source that can be

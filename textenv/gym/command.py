@@ -1,0 +1,64 @@
+"""`textenv rollout`: play Gym episodes with a model and append them to completions.jsonl (no training).
+
+Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`, `GymArguments`, TRL's
+`ModelConfig` for the model, `CommandArguments`), plus `RolloutArguments`; ``--config run.yaml`` works here too.
+
+    textenv rollout --model bundled --dataset rows.jsonl --gym_env NAME --max_turns 4 --output completions.jsonl
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from textenv.logs import setup_logging
+from textenv.options import CommandArguments, EpisodeArguments, GymArguments, parse_options
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutArguments:
+    """What `textenv rollout` adds to the episode options."""
+
+    output: str = field(default="completions.jsonl", metadata={"help": "the completions.jsonl to append the episodes to"})
+    num_generations: int = field(default=1, metadata={"help": "episodes per dataset row"})
+    seed: int = field(default=0, metadata={"help": "seed of torch (sampling) and of a tiny model's weights"})
+
+
+def summarize(episodes) -> dict[str, Any]:
+    """Episode count, mean reward, mean turns and errors of finished `GymEpisode`s."""
+    count = len(episodes)
+    return {
+        "episodes": count,
+        "mean_reward": sum(episode.total_reward for episode in episodes) / count if count else 0.0,
+        "mean_turns": sum(episode.num_turns for episode in episodes) / count if count else 0.0,
+        "errors": sum(1 for episode in episodes if episode.error),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Run `textenv rollout` and return its summary (episodes, mean reward, mean turns, errors, output)."""
+    import torch
+    from trl import ModelConfig
+
+    from textenv.gym import load_plugins, load_rows
+    from textenv.training.policy import load_policy
+
+    classes = (EpisodeArguments, GymArguments, RolloutArguments, ModelConfig, CommandArguments)
+    episode, gym, rollout, model_config, command = parse_options(classes, argv, prog="textenv rollout", description=__doc__)
+    if not gym.dataset:
+        raise ValueError("textenv rollout needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
+    setup_logging(command.log_level)
+    load_plugins(gym.external_plugins)
+    rows = load_rows(gym.dataset)
+    torch.manual_seed(rollout.seed)
+    model, tokenizer = load_policy(
+        model_config.model_name_or_path or "bundled", device=episode.device, value_head=False, dtype=model_config.dtype, seed=rollout.seed
+    )
+    scheduler = gym.scheduler(model, tokenizer, episode)
+    episodes = scheduler.run(rows, num_generations=rollout.num_generations, completions_path=rollout.output, progress=not command.no_progress)
+    summary = {**summarize(episodes), "output": str(rollout.output)}
+    logger.info(" ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in summary.items()))
+    return summary
