@@ -163,3 +163,22 @@ def test_dataset_from_a_datasets_folder(tmp_path):
     assert load_rows(str(tmp_path / "plain")) == rows == load_rows(str(tmp_path / "split"))
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
         load_rows(str(tmp_path / "missing.jsonl"))
+
+
+def test_an_fsdp_launch_that_runs_without_fsdp_is_reported(monkeypatch, caplog):
+    # Measured with `accelerate launch --config_file examples/accelerate/fsdp.yaml` on this CPU-only machine:
+    # both processes ran as MULTI_CPU with the model in DistributedDataParallel.
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from textenv.training.command import warn_if_fsdp_ignored
+
+    multi_cpu, fsdp = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU), SimpleNamespace(distributed_type=DistributedType.FSDP)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert not warn_if_fsdp_ignored(multi_cpu)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert not warn_if_fsdp_ignored(fsdp)
+    with caplog.at_level("WARNING", logger="textenv"):
+        assert warn_if_fsdp_ignored(multi_cpu)
+    assert "runs as MULTI_CPU here" in caplog.text and "not sharded" in caplog.text

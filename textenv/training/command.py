@@ -183,6 +183,24 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
     return url
 
 
+def warn_if_fsdp_ignored(accelerator) -> bool:
+    """Warn (and return `True`) when `accelerate launch` was given an FSDP config but the processes run
+    another way: on a machine without GPUs accelerate runs an FSDP config as plain CPU data parallelism,
+    so nothing is sharded."""
+    import os
+
+    from accelerate.utils import DistributedType
+
+    asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if not asked or accelerator.distributed_type == DistributedType.FSDP:
+        return False
+    logger.warning(
+        f"accelerate was launched with an FSDP config, but runs as {accelerator.distributed_type.value} here "
+        "(FSDP needs GPUs): the model is replicated on every process, not sharded."
+    )
+    return True
+
+
 def check_ranks_agree(trainer) -> Optional[str]:
     """The SHA-256 of the trained weights, checked to be the same on every process (`None`, and nothing
     hashed, on a single process).
@@ -218,6 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     run = options.run
     setup_logging(options.command.log_level)
     trainer, episodes = build(options)
+    warn_if_fsdp_ignored(trainer.accelerator)
     output_dir = Path(run.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
