@@ -6,8 +6,8 @@ The env (`capitals`) and a context manager (`last_turn_only`) come from the plug
 `examples/gym_plugin.py`, loaded exactly as ``textenv rollout --external_plugins`` loads it. Set
 ``TEXTENV_SMALL=1`` for a smaller run. The same job from the command line:
 
-    textenv train-gym --dataset rows.jsonl --external_plugins examples/gym_plugin.py --gym_env capitals \\
-        --max_turns 2 --steps 1 --ppo_batch_size 4 --output gym_out/completions.jsonl
+    textenv train --task gym --dataset rows.jsonl --external_plugins examples/gym_plugin.py --gym_env capitals \\
+        --max_turns 2 --ppo_steps 1 --batch_size 4 --mini_batch_size 4 --output_dir gym_out
 """
 
 from __future__ import annotations
