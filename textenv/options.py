@@ -15,7 +15,6 @@ by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -64,10 +63,12 @@ class EpisodeArguments:
             self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[self.tool_format]
 
     def generation_kwargs(self) -> dict[str, Any]:
-        """`generate` keyword arguments: pure sampling at `temperature` (no top-k / top-p), or greedy at 0."""
-        if self.temperature == 0:
-            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
-        return {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0, "max_new_tokens": self.max_new_tokens}
+        """`generate` keyword arguments: the legacy examples' sampling (no top-k / top-p) at `temperature`,
+        or greedy at 0 (`textenv.training.SAMPLING_KWARGS` / `GREEDY_KWARGS`)."""
+        from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS
+
+        mode = GREEDY_KWARGS if self.temperature == 0 else {**SAMPLING_KWARGS, "temperature": self.temperature}
+        return {**mode, "max_new_tokens": self.max_new_tokens}
 
 
 @dataclass
@@ -183,8 +184,3 @@ def parse_options(
     known = set(parser._option_string_actions)
     argv = list(sys.argv[1:] if argv is None else argv)
     return tuple(parser.parse_args_and_config(with_aliases(argv, known)))
-
-
-def field_values(instance: Any, cls: type) -> dict[str, Any]:
-    """The values of `cls`'s fields in `instance` (e.g. the `EpisodeArguments` part of a `Settings`)."""
-    return {field.name: getattr(instance, field.name) for field in dataclasses.fields(cls)}

@@ -8,10 +8,10 @@ from typing import Iterator, Sequence
 from textenv.environment import TextEnvironment
 from textenv.tasks import calculator as task
 from textenv.tools import Calculator
-from textenv.training.settings import Settings
+from textenv.options import EpisodeArguments
 
 
-def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEnvironment:
+def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -> TextEnvironment:
     """The calculator `TextEnvironment`: the 2-shot prompt, the `Calculator` tool and the exact-match
     reward, sampling at `settings.temperature` with `settings.max_new_tokens` per turn and `settings.max_turns`
     turns (in `settings.mixed_precision`). With `settings.tool_format="json"` the same two examples are
@@ -32,7 +32,7 @@ def build_calculator_environment(model, tokenizer, settings: Settings) -> TextEn
     )
 
 
-def calculator_tasks(count: int, seed: int, settings: Settings) -> tuple[list[str], list[float]]:
+def calculator_tasks(count: int, seed: int, settings: EpisodeArguments) -> tuple[list[str], list[float]]:
     """`count` seeded calculator tasks, formatted for `settings.tool_format` (bare questions for JSON)."""
     return task.generate_tasks(count, seed=seed, plain=settings.tool_format == "json")
 

@@ -113,12 +113,10 @@ def _episode_source(trainer, tokenizer, options: TrainOptions):
     accelerator = trainer.accelerator
     episode, batch_size = options.episode, options.ppo.batch_size
     if options.run.task == "calculator":
-        from textenv.options import field_values
         from textenv.training.calculator import build_calculator_environment, calculator_task_batches
-        from textenv.training.settings import Settings
         from textenv.training.sources import TextEnvironmentSource
 
-        env = build_calculator_environment(trainer.model, tokenizer, Settings(**field_values(episode, EpisodeArguments)))
+        env = build_calculator_environment(trainer.model, tokenizer, episode)
         # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
         seed = options.ppo.seed + accelerator.process_index
         return TextEnvironmentSource(env, calculator_task_batches(batch_size, seed, plain=episode.tool_format == "json"))
