@@ -127,7 +127,12 @@ def _changed_security_arguments(tool_factory: Any, init_kwargs: dict[str, Any]) 
     if not names:
         return []
     defaults = {name: p.default for name, p in inspect.signature(tool_factory).parameters.items()}
-    return sorted(name for name in names if name in init_kwargs and init_kwargs[name] != defaults.get(name))
+    def changed(name: str) -> bool:
+        value, default = init_kwargs[name], defaults.get(name)
+        both_empty = value in (None, [], ()) and default in (None, [], ())  # read_paths: None, saved as []
+        return value != default and not both_empty
+
+    return sorted(name for name in names if name in init_kwargs and changed(name))
 
 
 def _legacy_alias(repo_id: str, kwargs: dict[str, Any]) -> Any:

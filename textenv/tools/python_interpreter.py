@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import signal
+from collections.abc import Sequence
 
 from .base import TOOL_ERROR_PREFIX
 from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox.isolation import describe_missing, isolation_layers
+
+logger = logging.getLogger(__name__)
 
 _CODE_FENCE = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 _SIGNAL_REASONS = {
@@ -30,42 +36,37 @@ class PythonInterpreter:
     ``output limit of N characters exceeded``, ``exit code N``, ``CPU time limit exceeded``, ... The
     call itself never raises.
 
-    Isolation layers (Linux; each one is best effort and the next one backs it up):
+    Isolation layers (Linux; found at construction, reported in :attr:`isolation`, see the README's
+    safety section):
 
-    1. **Process and directory.** A child process in its own session/process group
-       (``start_new_session``), working directory = a fresh ``tempfile.mkdtemp`` folder (also ``HOME``
-       and ``TMPDIR``), removed after the call. Standard input is ``/dev/null``; no file descriptors are
-       inherited.
-    2. **Scrubbed environment.** The child gets only ``PATH``, ``LANG``/``LC_ALL``, ``HOME``, ``TMPDIR``
-       and thread-count variables: no tokens or keys from the parent's environment. ``-I`` makes it
-       ignore ``PYTHON*`` variables and the user site directory.
-    3. **No network.** The child enters a new network namespace (``unshare(CLONE_NEWNET)`` through
-       libc; with ``CLONE_NEWUSER`` too when not root) where only a down loopback interface exists.
-       Fallback where namespaces are refused (containers, macOS): the audit hook of layer 6.
-    4. **Resource limits** (``resource.setrlimit`` in the child): ``RLIMIT_CPU`` (timeout + 1 s),
-       ``RLIMIT_AS`` (``memory_mb``: a 10 GB allocation raises ``MemoryError``), ``RLIMIT_NPROC``
-       (``max_processes``), ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` (``max_file_mb``), ``RLIMIT_CORE`` = 0.
-    5. **Unprivileged user when the parent is root.** Root ignores ``RLIMIT_NPROC`` and file
-       permissions, so the child switches to a uid/gid of its own (one per concurrent run, in a high
-       unused range starting at 1,900,000,000, no supplementary groups) after unsharing the network and
-       before running any untrusted code; the temporary directory is ``chown``-ed to it. Files the
-       parent's tests or users keep in private (0700) folders are then unreachable. Because this user
-       cannot start an interpreter that lives in ``/root`` (pyenv, a venv under ``/root``), the sandbox
-       then uses the first system ``python3`` that user can run (standard library only); if there is
-       none, the run stays root and this layer is missing (see ``result.layers``). ``PR_SET_NO_NEW_PRIVS``
-       blocks set-uid programs, and a parent-death signal kills the child if the parent dies.
-    6. **Audit hook** (``sys.addaudithook``, installed before the code runs; hooks cannot be removed):
-       refuses sockets, ``ctypes``/``cffi``, starting processes (unless ``allow_subprocesses``),
-       opening files for writing or changing files outside the working directory, reading other
-       processes' ``/proc/<pid>`` entries, and signalling other processes. It is a Python-level layer
-       only; the OS layers above are what hold against native code.
-    7. **Parent-side limits.** A wall-clock ``timeout`` after which the whole process group is killed
-       (``os.killpg``); output read incrementally and the run killed once ``max_output_chars`` are read
-       (a billion printed characters never reach the parent's memory); at the end the process group,
-       and with a uid of its own every process of that uid (children that called ``setsid``), are
-       killed, so no child outlives the call. Known gap: when the parent is *not* root (no uid of its
-       own) and ``allow_subprocesses=True``, a child that calls ``setsid()`` leaves the process group
-       and can outlive the call (a busy one is still stopped by ``RLIMIT_CPU``).
+    1. **Process and directory.** A child in its own session, working directory = a fresh temporary
+       folder (also ``HOME`` and ``TMPDIR``) removed after the call; standard input ``/dev/null``; no
+       inherited file descriptors; an environment with nothing from the parent's (no tokens or keys).
+    2. **Namespaces.** A network namespace (only a down loopback interface) and a PID namespace: when the
+       code's process ends, the kernel kills every process it started, ``setsid()`` and double forks
+       included. An ordinary user gets them inside a user namespace of its own.
+    3. **Unprivileged uid when the parent is root**: one per concurrent run, no groups, the working
+       folder ``chown``-ed to it. A mount namespace covers folders that uid cannot enter (``/root``) with
+       a tmpfs and mounts back only the Python installation, the working folder and ``read_paths``, so
+       the project's own interpreter (a pyenv or venv under ``/root``) runs the code.
+    4. **Landlock** (the kernel's own access control, not undone by ctypes or native code): the code
+       can read only the Python standard library (not site-packages), the system's shared libraries,
+       ``/dev/null``/``/dev/urandom``, its working folder (read and write) and ``read_paths``. Everything
+       else (``$HOME``, ``/tmp``, the dataset, the project's source, ``/proc``) is refused with
+       ``PermissionError``; symlinks are followed to their target before the check, and hard links into
+       the working folder from outside cannot be made. TCP connect/bind and signals to processes outside
+       the sandbox are refused too.
+    5. **Resource limits**: ``RLIMIT_CPU`` (timeout + 1 s), ``RLIMIT_AS`` (``memory_mb``),
+       ``RLIMIT_NPROC`` (``max_processes``), ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` (``max_file_mb``),
+       no core dumps; no capabilities, ``PR_SET_NO_NEW_PRIVS`` and a parent-death signal.
+    6. **Audit hook** (Python-level): refuses sockets, ``ctypes``/``cffi``, starting processes (unless
+       ``allow_subprocesses``), writes outside the working folder, other processes' ``/proc`` entries
+       and signals to other processes.
+    7. **Parent-side limits.** A wall-clock ``timeout`` that kills the whole process group; output read
+       incrementally and the run killed once ``max_output_chars`` are read.
+
+    A layer the kernel refuses is reported as missing: the interpreter logs a warning naming it and what
+    it leaves open, or with ``strict=True`` refuses (at construction, and each call checks again).
 
     Calls are independent and the tool can be used from several threads at once.
 
@@ -81,7 +82,18 @@ class PythonInterpreter:
         max_file_mb (`int`, *optional*, defaults to 16):
             Largest file the code may write, in MiB.
         allow_subprocesses (`bool`, *optional*, defaults to `False`):
-            Let the code fork or start programs (still limited by ``max_processes`` and killed at the end).
+            Let the code fork or start programs (still limited by ``max_processes`` and killed at the end;
+            only programs it may read, e.g. the interpreter itself, can be started).
+        read_paths (`list[str | os.PathLike]`, *optional*):
+            Files or folders (with everything below them) the code may read besides the standard
+            library, e.g. a data file, or ``site.getsitepackages()`` to let it import installed packages.
+        strict (`bool`, *optional*, defaults to `False`):
+            Refuse to run when an isolation layer is missing on this machine, instead of warning.
+
+    Attributes:
+        isolation (`dict`): The layers active on this machine, from a sandboxed run made at construction:
+            ``network_namespace``, ``pid_namespace``, ``landlock`` (the ABI version), ``uid``, ``rlimits``,
+            ``no_new_privs``, ``audit_hook``, ... and ``missing`` (each missing layer and why).
 
     Example:
 
@@ -96,7 +108,9 @@ class PythonInterpreter:
 
     # Constructor arguments that loosen the sandbox: a downloaded tool config may set them only with
     # trust_remote_code=True (see `load_tool`).
-    security_arguments = ("timeout", "memory_mb", "max_output_chars", "max_processes", "max_file_mb", "allow_subprocesses")
+    security_arguments = (
+        "timeout", "memory_mb", "max_output_chars", "max_processes", "max_file_mb", "allow_subprocesses", "read_paths",
+    )
 
     def __init__(
         self,
@@ -106,6 +120,8 @@ class PythonInterpreter:
         max_processes: int = 32,
         max_file_mb: int = 16,
         allow_subprocesses: bool = False,
+        read_paths: Sequence[str | os.PathLike] | None = None,
+        strict: bool = False,
     ):
         self.timeout = timeout
         self.memory_mb = memory_mb
@@ -113,6 +129,8 @@ class PythonInterpreter:
         self.max_processes = max_processes
         self.max_file_mb = max_file_mb
         self.allow_subprocesses = allow_subprocesses
+        self.read_paths = _checked_read_paths(read_paths)
+        self.strict = strict
         self.limits = SandboxLimits(
             timeout=timeout,
             memory_mb=memory_mb,
@@ -120,7 +138,20 @@ class PythonInterpreter:
             max_processes=max_processes,
             max_file_mb=max_file_mb,
             allow_subprocesses=allow_subprocesses,
+            read_paths=tuple(self.read_paths),
+            strict=strict,
         )
+        self.isolation = isolation_layers(self.limits)
+        self._check_isolation()
+
+    def _check_isolation(self) -> None:
+        missing = self.isolation.get("missing") or {}
+        if not missing:
+            return
+        details = describe_missing(missing)
+        if self.strict:
+            raise RuntimeError(f"PythonInterpreter(strict=True): isolation layers missing on this machine:\n{details}")
+        logger.warning("PythonInterpreter: running without these isolation layers (pass strict=True to refuse):\n%s", details)
 
     def __call__(self, code: str) -> str:
         """Run ``code`` and return its output or a ``"Tool error: ..."`` text."""
@@ -160,6 +191,20 @@ class PythonInterpreter:
     @staticmethod
     def _error(reason: str, output: str) -> str:
         return f"{TOOL_ERROR_PREFIX}{reason}" + (f"\n{output}" if output else "")
+
+
+def _checked_read_paths(read_paths: Sequence[str | os.PathLike] | None) -> list[str]:
+    if read_paths is None:
+        return []
+    if isinstance(read_paths, (str, bytes, os.PathLike)):
+        raise TypeError(f"PythonInterpreter(read_paths={read_paths!r}): pass a list of paths, e.g. [{str(read_paths)!r}]")
+    checked = []
+    for path in read_paths:
+        real = os.path.realpath(os.fspath(path))
+        if not os.path.exists(real):
+            raise ValueError(f"PythonInterpreter(read_paths=...): {os.fspath(path)!r} does not exist; list existing files or folders")
+        checked.append(real)
+    return checked
 
 
 def strip_code_fence(code: str) -> str:

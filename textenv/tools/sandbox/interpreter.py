@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
+from typing import Callable
 
-from .identity import IDENTITIES, Identity, running_as_root
+from .identity import running_as_root
 from .workspace import SAFE_PATH
 
 
-def sandbox_interpreter() -> str | None:
+def sandbox_interpreter(usable_by_sandbox_user: Callable[[str], bool]) -> str | None:
     """The Python executable sandboxed runs use: ``sys.executable`` unless the parent is root and the
-    unprivileged sandbox user cannot run it (e.g. it lives under ``/root``), in which case the first
-    system ``python3`` that user can run. ``None`` if there is none (runs then stay root)."""
+    sandbox user cannot use it even with the mount namespace that exposes the installation to it
+    (``usable_by_sandbox_user`` runs a real sandboxed probe), in which case the first system ``python3``
+    it can use (standard library only). ``None`` if there is none (runs then stay root)."""
     if not running_as_root():
         return sys.executable
-    return _INTERPRETERS.usable_by(IDENTITIES.probe_identity())
+    return _INTERPRETERS.first_usable(usable_by_sandbox_user)
 
 
 class _InterpreterFinder:
@@ -30,11 +31,10 @@ class _InterpreterFinder:
         self._lock = threading.Lock()
         self._found = self._NOT_SEARCHED
 
-    def usable_by(self, identity: Identity) -> str | None:
+    def first_usable(self, usable: Callable[[str], bool]) -> str | None:
         with self._lock:
             if self._found is self._NOT_SEARCHED:
-                usable = (candidate for candidate in _candidate_interpreters() if _runs_as(candidate, identity))
-                self._found = next(usable, None)
+                self._found = next((candidate for candidate in _candidate_interpreters() if usable(candidate)), None)
             return self._found
 
 
@@ -47,25 +47,6 @@ def _candidate_interpreters() -> list[str]:
         if candidate and os.path.exists(candidate) and candidate not in unique:
             unique.append(candidate)
     return unique
-
-
-def _runs_as(executable: str, identity: Identity) -> bool:
-    probe = "import ast, encodings, json, resource, traceback"
-    try:
-        completed = subprocess.run(
-            [executable, "-I", "-c", probe],
-            user=identity.uid,
-            group=identity.gid,
-            extra_groups=[],
-            env={"PATH": SAFE_PATH},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return completed.returncode == 0
 
 
 _INTERPRETERS = _InterpreterFinder()

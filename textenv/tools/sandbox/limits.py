@@ -18,6 +18,9 @@ class SandboxLimits:
         max_file_mb (`int`): RLIMIT_FSIZE, the largest file the code may write, in MiB.
         allow_subprocesses (`bool`): Let the code fork or start programs (still bounded by the
             process limit and killed at the end). Off by default.
+        read_paths (`tuple[str, ...]`): Absolute real paths (files or folders) the code may read besides
+            the Python standard library and its working directory.
+        strict (`bool`): Refuse to run the code when an isolation layer is missing.
     """
 
     timeout: float = 5.0
@@ -27,3 +30,5 @@ class SandboxLimits:
     max_open_files: int = 64
     max_file_mb: int = 16
     allow_subprocesses: bool = False
+    read_paths: tuple[str, ...] = ()
+    strict: bool = False

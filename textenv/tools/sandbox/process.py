@@ -21,6 +21,7 @@ from .reaper import kill_everything, kill_group, wait
 from .workspace import child_environment, prepare_workdir, remove_tree
 
 _STREAMS = ("stdout", "stderr")
+_PROBE_CODE = "import ast, encodings, json, math, resource, traceback"
 
 
 @dataclass
@@ -49,21 +50,32 @@ class SandboxResult:
 def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed Python process and return what it produced. Thread-safe."""
     limits = limits or SandboxLimits()
-    identity = IDENTITIES.acquire() if running_as_root() else None
+    interpreter = sandbox_interpreter(_usable_by_sandbox_user)
+    if not running_as_root() or interpreter is None:  # root without a usable interpreter stays root (documented)
+        return _run(code, limits, interpreter or sys.executable, None)
+    identity = IDENTITIES.acquire()
+    try:
+        return _run(code, limits, interpreter, identity)
+    finally:
+        IDENTITIES.release(identity)
+
+
+def _usable_by_sandbox_user(interpreter: str) -> bool:
+    """Whether a sandboxed run of ``interpreter`` as the sandbox user can import the standard library."""
+    result = _run(_PROBE_CODE, SandboxLimits(timeout=30), interpreter, IDENTITIES.probe_identity())
+    return result.returncode == 0
+
+
+def _run(code: str, limits: SandboxLimits, interpreter: str, identity: Identity | None) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix="textenv-sandbox-")
     try:
         prepare_workdir(workdir, code, identity)
-        return _run_in(workdir, limits, identity)
+        return _run_in(workdir, limits, interpreter, identity)
     finally:
         remove_tree(workdir)
-        if identity is not None:
-            IDENTITIES.release(identity)
 
 
-def _run_in(workdir: str, limits: SandboxLimits, identity: Identity | None) -> SandboxResult:
-    interpreter = sandbox_interpreter() if identity is not None else sys.executable
-    if interpreter is None:  # root, but no interpreter the sandbox user can run: stay root (documented)
-        interpreter, identity = sys.executable, None
+def _run_in(workdir: str, limits: SandboxLimits, interpreter: str, identity: Identity | None) -> SandboxResult:
     status_read, status_write = os.pipe()
     config = child_config(limits, identity, status_write)
     started = time.monotonic()

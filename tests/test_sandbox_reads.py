@@ -1,0 +1,332 @@
+"""The sandbox confines reads: code run by PythonInterpreter cannot read the answer key, secrets, the
+project's source or its parent's /proc entries, as root and as an ordinary user, also with the audit hook
+off (the kernel layers hold alone); links do not let a read through; no process outlives its call."""
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import textenv
+from textenv.tools import PythonInterpreter
+from textenv.tools.sandbox.bootstrap import TEST_DISABLE_VARIABLE
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox tests target Linux")
+
+PROJECT = Path(textenv.__file__).resolve().parent.parent
+ANSWER_KEY = PROJECT / "examples" / "data" / "fictional_wiki_questions.jsonl"
+SOURCE = PROJECT / "textenv" / "tools" / "python_interpreter.py"
+ORDINARY_USER = "textenv-sbx"
+
+# Tries every read it is given and prints {attempt: "read: ..." or "refused: <error type>"} as JSON.
+ATTEMPTS = """
+import json, os
+results = {}
+def attempt(name, action):
+    try:
+        results[name] = "read: " + repr(action())[:300]
+    except Exception as error:
+        results[name] = "refused: " + type(error).__name__
+for name, path in TARGETS["files"].items():
+    attempt(name, lambda path=path: open(path).read())
+parent = TARGETS["parent_pid"]
+attempt("parent_environ", lambda: open("/proc/%d/environ" % parent, "rb").read())
+attempt("parent_cwd_link", lambda: os.readlink("/proc/%d/cwd" % parent))
+attempt("parent_cwd_listing", lambda: os.listdir("/proc/%d/cwd/" % parent))
+secret = TARGETS["files"]["tmp_secret"]
+attempt("symlink_to_secret", lambda: (os.symlink(secret, "planted-symlink"), open("planted-symlink").read()))
+attempt("hardlink_to_secret", lambda: (os.link(secret, "planted-hardlink"), open("planted-hardlink").read()))
+own = TARGETS["files"]["home_secret"]  # as an ordinary user, a file of its own (the kernel's hard-link protection allows it)
+attempt("hardlink_to_home_secret", lambda: (os.link(own, "planted-hardlink-2"), open("planted-hardlink-2").read()))
+print(json.dumps(results))
+"""
+
+# Leaves a grandchild in a session of its own, sleeping; prints its pid as the sandbox sees it.
+SETSID_DOUBLE_FORK = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
+    os._exit(0)
+time.sleep(0.3)
+print("forked")
+"""
+
+
+def _plant(path: Path, text: str, mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def secrets():
+    """A secret in $HOME and one in a world-readable folder of /tmp, removed afterwards."""
+    token = f"secret-{uuid.uuid4().hex}"
+    home_file = Path.home() / f".textenv-test-token-{uuid.uuid4().hex[:8]}"
+    tmp_folder = Path("/tmp") / f"textenv-read-test-{uuid.uuid4().hex[:8]}"
+    tmp_folder.mkdir(mode=0o755)
+    tmp_folder.chmod(0o755)
+    files = {"home_secret": _plant(home_file, token), "tmp_secret": _plant(tmp_folder / "secret.txt", token)}
+    yield token, files
+    home_file.unlink(missing_ok=True)
+    shutil.rmtree(tmp_folder, ignore_errors=True)
+
+
+def _attempts_code(files: dict, parent_pid: int | None) -> str:
+    targets = {"files": {name: str(path) for name, path in files.items()}, "parent_pid": parent_pid}
+    targets["files"].update(answer_key=str(ANSWER_KEY), project_source=str(SOURCE), project_readme=str(PROJECT / "README.md"))
+    return f"TARGETS = {json.dumps(targets)}\n{ATTEMPTS}"
+
+
+def _sandbox_processes() -> list[int]:
+    """Live processes whose environment names a sandbox working directory (all a run starts inherit it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                leftover = b"textenv-sandbox-" in environ.read()
+            with open(f"/proc/{entry}/stat") as stat:
+                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, ValueError, IndexError):
+            continue
+        if leftover and not zombie:
+            found.append(int(entry))
+    return found
+
+
+def _assert_all_refused(results: dict, token: str, raw: str) -> None:
+    assert token not in raw
+    read = {name: outcome for name, outcome in results.items() if not outcome.startswith("refused")}
+    assert read == {}, f"reads that went through: {read}"
+
+
+# --- as the user running the tests ----------------------------------------------------------------
+
+
+def test_isolation_reports_the_layers_in_use():
+    isolation = PythonInterpreter(timeout=5).isolation
+    if not isolation.get("landlock") or isinstance(isolation["landlock"], str):
+        pytest.skip(f"this kernel grants no Landlock: {isolation.get('landlock')}")
+    assert isolation["missing"] == {}
+    assert isolation["landlock"] >= 1 and isolation["pid_namespace"] is True and isolation["network_namespace"] is True
+    assert isolation["audit_hook"] is True
+    if os.geteuid() == 0:
+        assert isinstance(isolation["uid"], int) and isolation["uid"] != 0
+
+
+@pytest.mark.parametrize("disabled", ["", "audit_hook"], ids=["all_layers", "kernel_layers_only"])
+def test_reads_outside_the_allowed_paths_are_refused(secrets, monkeypatch, disabled):
+    monkeypatch.setenv(TEST_DISABLE_VARIABLE, disabled)
+    token, files = secrets
+    result = PythonInterpreter(timeout=10).run(_attempts_code(files, os.getpid()))
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert set(results) >= {"home_secret", "tmp_secret", "answer_key", "project_source", "parent_environ",
+                            "parent_cwd_link", "parent_cwd_listing", "symlink_to_secret", "hardlink_to_secret",
+                            "hardlink_to_home_secret"}
+    _assert_all_refused(results, token, result.stdout + result.stderr)
+
+
+def test_read_paths_and_the_standard_library_stay_readable(tmp_path):
+    interpreter = PythonInterpreter(timeout=10, read_paths=[ANSWER_KEY])
+    code = (
+        "import decimal, fractions, json, sqlite3, zlib\n"
+        f"print(open({str(ANSWER_KEY)!r}).readline()[:40])\n"
+        "print(sqlite3.connect(':memory:').execute('select 6 * 7').fetchone()[0])\n"
+        "open('notes.txt', 'w').write('mine')\n"
+        "print(open('notes.txt').read())\n"
+    )
+    assert interpreter(code) == ANSWER_KEY.read_text().splitlines()[0][:40] + "\n42\nmine\n"
+    refused = interpreter("import tqdm")  # site-packages is not allowed by default
+    assert refused.startswith("Tool error") and ("PermissionError" in refused or "ModuleNotFoundError" in refused)
+
+
+def test_site_packages_can_be_allowed_explicitly():
+    site_packages = [path for path in site.getsitepackages() if os.path.isdir(os.path.join(path, "tqdm"))]
+    if not site_packages:
+        pytest.skip("tqdm is not installed in a site-packages folder")
+    interpreter = PythonInterpreter(timeout=10, read_paths=site_packages)
+    assert interpreter("import tqdm\nprint(tqdm.__name__)") == "tqdm\n"
+
+
+def test_a_setsid_double_fork_child_is_gone_after_the_call():
+    interpreter = PythonInterpreter(timeout=10, allow_subprocesses=True)
+    assert interpreter(SETSID_DOUBLE_FORK) == "forked\n"
+    assert _sandbox_processes() == []
+
+
+def test_with_subprocesses_allowed_only_readable_programs_start():
+    code = (
+        "import os, subprocess, sys\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())\n"
+        "print(os.system('true'))\n"
+    )
+    assert PythonInterpreter(timeout=10, allow_subprocesses=True)(code) == "42\n32512\n"  # sh: exit 127
+    shell_folders = sorted({os.path.dirname(os.path.realpath(shutil.which(name))) for name in ("sh", "true")})
+    allowed = PythonInterpreter(timeout=10, allow_subprocesses=True, read_paths=shell_folders + ["/usr/lib"])
+    assert allowed(code) == "42\n0\n"
+
+
+def test_bad_read_paths_are_refused_with_the_argument_named(tmp_path):
+    with pytest.raises(ValueError, match=r"read_paths.*does not exist"):
+        PythonInterpreter(read_paths=[tmp_path / "missing"])
+    with pytest.raises(TypeError, match=r"read_paths=.*pass a list of paths"):
+        PythonInterpreter(read_paths=str(tmp_path))
+
+
+def test_a_missing_layer_warns_and_strict_refuses(monkeypatch, caplog):
+    strict_before = PythonInterpreter(timeout=5, strict=True)  # every layer present here
+    monkeypatch.setenv(TEST_DISABLE_VARIABLE, "landlock,pid_namespace")
+    with caplog.at_level("WARNING", logger="textenv.tools.python_interpreter"):
+        loose = PythonInterpreter(timeout=5)
+    assert "landlock (disabled for testing)" in caplog.text and "pid_namespace" in caplog.text
+    assert set(loose.isolation["missing"]) == {"landlock", "pid_namespace"}
+    assert loose("print(1)") == "1\n"
+    with pytest.raises(RuntimeError, match=r"strict=True.*\n.*landlock"):
+        PythonInterpreter(timeout=5, strict=True)
+    refused = strict_before("print('ran')")  # each call checks again: the layers went missing after construction
+    assert "ran" not in refused and "strict isolation: missing layers landlock, pid_namespace" in refused
+
+
+def test_hub_python_interpreter_is_confined_and_its_config_cannot_widen_reads(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from textenv.tools import load_tool, save_tool
+
+    interpreter = load_tool("lvwerra/python-interpreter", timeout=5)  # the legacy hub id: a built-in
+    assert "PermissionError" in interpreter(f"open({str(ANSWER_KEY)!r}).read()")
+    folder = save_tool(PythonInterpreter(read_paths=[ANSWER_KEY]), tmp_path / "widened")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kwargs: str(folder))
+    with pytest.raises(ValueError, match=r"sandbox limits \['read_paths'\]"):
+        load_tool("someone/widened-interpreter")
+
+
+# --- as an ordinary user --------------------------------------------------------------------------
+
+ORDINARY_USER_SCRIPT = """
+import json, os, sys
+from textenv.tools import PythonInterpreter
+attempts_code = sys.argv[1].replace('"parent_pid": null', '"parent_pid": %d' % os.getpid())
+interpreter = PythonInterpreter(timeout=10, allow_subprocesses=True)
+report = {"isolation": interpreter.isolation}
+result = interpreter.run(attempts_code)
+report["attempts"] = {"stdout": result.stdout, "stderr": result.stderr}
+report["double_fork"] = interpreter(sys.argv[2])
+print(json.dumps(report))
+"""
+
+
+def _ordinary_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0:
+        pytest.skip("creating an ordinary user needs root; this run is already one (see the tests above)")
+    for tool in ("useradd", "unshare", "setpriv", "mount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    try:
+        return pwd.getpwnam(ORDINARY_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", ORDINARY_USER], check=True)
+        return pwd.getpwnam(ORDINARY_USER)
+
+
+def _first_closed_ancestor(path: str) -> str | None:
+    parts = path.strip("/").split("/")
+    for depth in range(1, len(parts)):
+        folder = "/" + "/".join(parts[:depth])
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+    return None
+
+
+def _run_as(user: pwd.struct_passwd, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run ``args`` as ``user`` with this project's own venv. Where the interpreter lives under a folder
+    others cannot enter (pyenv under /root), a private mount namespace shows that user the installation
+    only, the way the sandbox itself does for its uid."""
+    base = os.path.realpath(sys.base_prefix)
+    closed = _first_closed_ancestor(base)
+    setup = ""
+    if closed is not None:
+        setup = (f'stage=$(mktemp -d) && mount --bind "{base}" "$stage" && '
+                 f'mount -t tmpfs -o mode=0755 tmpfs "{closed}" && mkdir -p "{base}" && mount --move "$stage" "{base}" && ')
+    drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "env", "-i"]
+    drop += [f"{key}={value}" for key, value in env.items()]
+    command = setup + 'exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command, "sh", *drop, *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ordinary_user_runs():
+    """Run the attempts and the double fork as an ordinary user, with all layers and without the PID namespace."""
+    user = _ordinary_user()
+    token = f"secret-{uuid.uuid4().hex}"
+    home = Path(user.pw_dir)
+    home_secret = _plant(home / ".cache" / "huggingface" / "token", token, mode=0o600)
+    os.chown(home_secret, user.pw_uid, user.pw_gid)
+    workspace = Path("/tmp") / f"textenv-ordinary-{uuid.uuid4().hex[:8]}"
+    workspace.mkdir(mode=0o755)
+    workspace.chmod(0o755)
+    tmp_secret = _plant(workspace / "secret.txt", token)
+    runs = {}
+    try:
+        for name, disabled in (("all_layers", ""), ("without_pid_namespace", "pid_namespace")):
+            tmpdir = workspace / f"tmp-{name}"
+            tmpdir.mkdir()
+            os.chown(tmpdir, user.pw_uid, user.pw_gid)
+            env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": str(tmpdir), TEST_DISABLE_VARIABLE: disabled,
+                   "PYTHONPATH": str(PROJECT)}
+            # parent_pid null: the script puts in its own pid (the process that calls the sandbox)
+            code = _attempts_code({"home_secret": home_secret, "tmp_secret": tmp_secret}, None)
+            completed = _run_as(user, [sys.executable, "-c", ORDINARY_USER_SCRIPT, code, SETSID_DOUBLE_FORK], env)
+            assert completed.returncode == 0, completed.stderr[-3000:]
+            runs[name] = json.loads(completed.stdout.strip().splitlines()[-1])
+            runs[name]["survivors"] = [pid for pid in _sandbox_processes() if str(tmpdir).encode() in _environ(pid)]
+            for pid in runs[name]["survivors"]:
+                os.kill(pid, signal.SIGKILL)
+        yield token, runs
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+        home_secret.unlink(missing_ok=True)
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return environ.read()
+    except OSError:
+        return b""
+
+
+def test_as_an_ordinary_user_the_venv_interpreter_runs_with_every_layer(ordinary_user_runs):
+    _, runs = ordinary_user_runs
+    isolation = runs["all_layers"]["isolation"]
+    assert isolation["uid"] == "not root" and isolation["missing"] == {}
+    assert isolation["pid_namespace"] is True and isolation["landlock"] >= 1
+
+
+def test_as_an_ordinary_user_reads_outside_the_allowed_paths_are_refused(ordinary_user_runs):
+    token, runs = ordinary_user_runs
+    attempts = runs["all_layers"]["attempts"]
+    results = json.loads(attempts["stdout"])
+    assert len(results) == 11
+    _assert_all_refused(results, token, attempts["stdout"] + attempts["stderr"])
+
+
+def test_as_an_ordinary_user_no_process_outlives_the_call(ordinary_user_runs):
+    _, runs = ordinary_user_runs
+    assert runs["all_layers"]["double_fork"] == "forked\n"
+    assert runs["all_layers"]["survivors"] == []
+    # The same check sees the grandchild when the PID namespace is off: it can fail.
+    assert len(runs["without_pid_namespace"]["survivors"]) == 1
