@@ -124,6 +124,8 @@ def test_isolation_reports_the_layers_in_use():
     assert isolation["audit_hook"] is True
     if os.geteuid() == 0:
         assert isinstance(isolation["uid"], int) and isolation["uid"] != 0
+    # The project's own interpreter runs the code (as root too: the mount namespace exposes it to the uid).
+    assert PythonInterpreter(timeout=5)("import sys\nprint(sys.prefix)") == sys.prefix + "\n"
 
 
 @pytest.mark.parametrize("disabled", ["", "audit_hook"], ids=["all_layers", "kernel_layers_only"])

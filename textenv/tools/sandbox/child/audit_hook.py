@@ -23,21 +23,20 @@ def install_audit_hook(workdir, allow_subprocesses):
                  "os.chown", "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.setxattr",
                  "os.removexattr", "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.move"}
 
-    def inside(path):
-        if isinstance(path, int):
-            return True
+    def real_path(path):
         real = realpath(fspath(path))
-        if isinstance(real, bytes):
-            real = os.fsdecode(real)
+        return os.fsdecode(real) if isinstance(real, bytes) else real
+
+    def inside(path):
+        if isinstance(path, int):  # a file descriptor: opened under these same rules
+            return True
+        real = real_path(path)
         return real == workdir or real.startswith(workdir + sep)
 
     def other_process_entry(path):
         if isinstance(path, int):
             return False
-        real = realpath(fspath(path))
-        if isinstance(real, bytes):
-            real = os.fsdecode(real)
-        parts = real.split(sep)
+        parts = real_path(path).split(sep)
         return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != own_pid
 
     def refuse(what):
