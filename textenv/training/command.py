@@ -38,7 +38,9 @@ class RunArguments:
     ppo_steps: Optional[int] = field(
         default=None, metadata={"help": "PPO steps, as in the demo and the examples (sets --steps, legacy PPOConfig's count of training samples, to ppo_steps x batch_size)"}
     )
-    output_dir: str = field(default="outputs/train", metadata={"help": "checkpoints, logs, completions.jsonl and the final model"})
+    output_dir: str = field(
+        default="outputs/train", metadata={"help": "checkpoints, logs, episodes.jsonl and steps.jsonl (textenv view), completions.jsonl and the final model"}
+    )
     save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N PPO steps (0: only the final model)"})
     resume_from_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "a checkpoint-N folder, or 'latest' for the newest complete one under --output_dir"}
@@ -247,7 +249,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             logger.info(f"checkpoint: {folder}")
 
     steps = options.ppo.total_ppo_epochs
-    logs = train(trainer, episodes, steps, on_step=on_step, progress=not options.command.no_progress, start_step=start_step)
+    run_dir = output_dir if trainer.accelerator.is_main_process else None  # episodes.jsonl, steps.jsonl: rank 0's
+    logs = train(trainer, episodes, steps, on_step=on_step, progress=not options.command.no_progress, start_step=start_step, run_dir=run_dir)
     check_ranks_agree(trainer)
     trainer.save_pretrained(str(output_dir / "final"))  # every process calls it; the main one writes
     trainer.accelerator.end_training()

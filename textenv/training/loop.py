@@ -6,15 +6,19 @@ Every PPO step, top to bottom:
 2. `PPOTrainer.step` optimises on the query tokens, response tokens, scores and masks;
 3. `PPOTrainer.log_stats` sends the step's statistics to the trainer's trackers (tensorboard, wandb), and
    the episodes go there as a table (wandb: `game_log`, as in legacy TRL; tensorboard: a text `episodes`);
-4. a `StepLog` records the step and `on_step(log)` is called with it.
+4. a `StepLog` records the step; with `run_dir`, a `textenv.view.RunRecorder` appends the step's episodes to
+   `run_dir/episodes.jsonl` and its figures to `run_dir/steps.jsonl` (what `textenv view` shows);
+5. `on_step(log)` is called with it.
 
 Printing, plotting and argument parsing belong to the callers (`textenv.demo`, `textenv.cli`, the examples).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from textenv.training.sources import EpisodeBatch, EpisodeSource
@@ -54,6 +58,7 @@ def train(
     deadline: float | None = None,
     progress: bool = True,
     start_step: int = 0,
+    run_dir: str | Path | None = None,
 ) -> list[StepLog]:
     """Run `steps` PPO steps on episodes from `episodes`.
 
@@ -67,6 +72,9 @@ def train(
             mean speed of the steps so far, end after it (the first step always runs). `None`: run all `steps`.
         progress (`bool`, defaults to `True`): show a tqdm progress bar with the reward and the KL.
         start_step (`int`, defaults to 0): the first step to run (a resumed run's steps already done).
+        run_dir (`str` or `Path`, *optional*): append every step's episodes and figures to
+            `run_dir/episodes.jsonl` and `run_dir/steps.jsonl`, crash-safe, for `textenv view` (see
+            `textenv.view.RunRecorder`). `None` (default): write nothing.
 
     Returns:
         One `StepLog` per step that ran.
@@ -76,35 +84,47 @@ def train(
     logs: list[StepLog] = []
     started = time.perf_counter()
     bar = tqdm(range(start_step, steps), desc="PPO", unit="step", disable=not progress, initial=start_step, total=steps)
-    for step in bar:
-        if deadline is not None and logs:
-            mean_step_seconds = (time.perf_counter() - started) / len(logs)
-            if time.perf_counter() + mean_step_seconds > deadline:
-                break
+    with _recorder(run_dir, trainer) as recorder:
+        for step in bar:
+            if deadline is not None and logs:
+                mean_step_seconds = (time.perf_counter() - started) / len(logs)
+                if time.perf_counter() + mean_step_seconds > deadline:
+                    break
 
-        trainer.model.eval()  # the PPO step leaves the policy in train mode
-        episodes_started = time.perf_counter()
-        batch = episodes.collect(step)
-        ppo_started = time.perf_counter()
-        stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks)
-        ppo_seconds = time.perf_counter() - ppo_started
-        trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
-        if trainer.config.log_with == "tensorboard":
-            trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
+            trainer.model.eval()  # the PPO step leaves the policy in train mode
+            episodes_started = time.perf_counter()
+            batch = episodes.collect(step)
+            ppo_started = time.perf_counter()
+            stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks)
+            ppo_seconds = time.perf_counter() - ppo_started
+            trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
+            if trainer.config.log_with == "tensorboard":
+                trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
 
-        log = StepLog(
-            step=step,
-            reward_mean=batch.reward_mean,
-            kl=float(stats["objective/kl"]),
-            kl_coef=float(stats["objective/kl_coef"]),
-            episode_seconds=ppo_started - episodes_started,
-            ppo_seconds=ppo_seconds,
-            stats=stats,
-            batch=batch,
-        )
-        logs.append(log)
-        bar.set_postfix(reward=f"{log.reward_mean:.2f}", kl=f"{log.kl:.2f}")
-        if on_step is not None:
-            on_step(log)
+            log = StepLog(
+                step=step,
+                reward_mean=batch.reward_mean,
+                kl=float(stats["objective/kl"]),
+                kl_coef=float(stats["objective/kl_coef"]),
+                episode_seconds=ppo_started - episodes_started,
+                ppo_seconds=ppo_seconds,
+                stats=stats,
+                batch=batch,
+            )
+            logs.append(log)
+            bar.set_postfix(reward=f"{log.reward_mean:.2f}", kl=f"{log.kl:.2f}")
+            if recorder is not None:
+                recorder.record_step(log)
+            if on_step is not None:
+                on_step(log)
     bar.close()
     return logs
+
+
+def _recorder(run_dir: str | Path | None, trainer) -> Any:
+    """A `RunRecorder` of `run_dir` (closed when the loop ends), or nothing for `None`."""
+    if run_dir is None:
+        return contextlib.nullcontext()
+    from textenv.view.record import RunRecorder
+
+    return RunRecorder(run_dir, tokenizer=getattr(trainer, "tokenizer", None))
