@@ -1,6 +1,6 @@
 """`textenv view` without a browser: episode records (segments exactly as `show_text` colours them, tokens as
 `show_tokens` colours them, tool calls), `RunRecorder` and `train(run_dir=...)`, reading run directories,
-the page's HTML and embedded JSON, `show()` for notebooks and the command. The runs are real: the tiny
+the page's HTML and embedded JSON, `show()` for notebooks (the command: `test_view_command.py`). The runs are real: the tiny
 random model trained for 2 PPO steps on the calculator `TextEnvironment` (some turns scripted so that tools
 are called, fail and are answered) and on Gym `tool_env` rows with a scripted policy. `test_view_browser.py`
 loads their pages in Chromium."""
@@ -11,14 +11,11 @@ import dataclasses
 import html
 import json
 import re
-import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from textenv.cli import run_command
 from textenv.environment import TextHistory
 from textenv.environment.rendering import text_view, tokens_view
 from textenv.gym import GymEpisode, GymScheduler, GymSource, ScriptedPolicy, read_completions
@@ -41,7 +38,6 @@ from textenv.training import (
 )
 from textenv.training.sources import EpisodeBatch
 from textenv.view import RunRecorder, build_page, episode_record, load_run, show, step_summary
-from textenv.view.command import serve
 from textenv.view.episodes import gym_tool_calls, message_segments
 from textenv.view.page import COLOUR_ATTRIBUTES, script_json, segment_colours
 
@@ -361,47 +357,3 @@ def test_show_returns_an_iframe_holding_the_page(runs):
     snippet = view._repr_html_()
     match = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="[^"]*"></iframe>', snippet)
     assert match and html.unescape(match.group(1)) == view.html == build_page(runs["text"], title="notebook")
-
-
-# ------------------------------------------------------------------------------------------------ the command
-def test_textenv_view_writes_the_page(tmp_path, runs, capsys):
-    out = tmp_path / "page.html"
-    result = run_command(["view", str(runs["text"]), "--output", str(out)])
-    assert result == {"output": str(out), "episodes": len(expected_episodes(runs["text"])), "steps": 2}
-    assert out.read_text() == build_page(runs["text"], title=f"textenv view: {runs['text']}")
-    assert run_command(["view", "--path", str(runs["gym"] / "completions.jsonl"), "--output", str(out)])["episodes"] == 6
-    assert f"-> {out}" in capsys.readouterr().out
-
-
-def test_textenv_view_default_output_and_errors(tmp_path, runs):
-    copy = tmp_path / "run"
-    copy.mkdir()
-    (copy / "episodes.jsonl").write_bytes((runs["text"] / "episodes.jsonl").read_bytes())
-    assert run_command(["view", str(copy)])["output"] == str(copy / "view.html") and (copy / "view.html").exists()
-    with pytest.raises(ValueError, match="textenv view needs PATH: a run directory"):
-        run_command(["view", "--output", str(tmp_path / "x.html")])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        run_command(["view", str(tmp_path / "missing")])
-
-
-def test_serve_gives_the_page(tmp_path, runs):
-    out = tmp_path / "page.html"
-    build_page(runs["text"], out)
-    server = serve(out, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=10) as response:
-            assert response.url.endswith("/page.html") and response.read().decode() == out.read_text()
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_textenv_train_writes_the_run_directory(tmp_path):
-    tiny = ["--model_name_or_path", "tiny", "--steps", "4", "--batch_size", "2", "--mini_batch_size", "1", "--max_new_tokens", "3", "--no_progress"]
-    result = run_command(["train", *tiny, "--output_dir", str(tmp_path)])
-    steps = read_completions(tmp_path / "steps.jsonl")
-    assert [line["step"] for line in steps] == [0, 1] and [line["reward_mean"] for line in steps] == result["reward_means"]
-    assert len(read_completions(tmp_path / "episodes.jsonl")) == 4
-    assert load_run(tmp_path).steps == steps

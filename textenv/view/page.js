@@ -29,7 +29,7 @@
 
   // ------------------------------------------------------------------------------------------ curves
   function lineChart(container, series, yMin, yMax) {
-    const width = 460, height = 190, left = 40, right = 10, top = 10, bottom = 28;
+    const width = 460, height = 200, left = 40, right = 10, top = 24, bottom = 28;
     const steps = DATA.steps.map((line) => line.step);
     const xMin = Math.min(...steps), xMax = Math.max(...steps);
     const x = (step) => left + (xMax === xMin ? (width - left - right) / 2 : ((step - xMin) / (xMax - xMin)) * (width - left - right));
@@ -56,7 +56,7 @@
         circle.addEventListener("click", () => { byId("filter-step").value = String(line.step); update(); });
         group.appendChild(circle);
       }
-      group.appendChild(svg("text", { class: `legend series-${item.key}`, x: left + 8 + position * 120, y: top + 10, stroke: "none" }, item.label));
+      group.appendChild(svg("text", { class: `legend series-${item.key}`, x: left + 8 + position * 120, y: 14, stroke: "none" }, item.label));
       chart.appendChild(group);
     });
     container.appendChild(chart);
