@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from textenv.logs import LOG_LEVELS, setup_logging
 from textenv.options import parse_options
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class ViewArguments:
     title: Optional[str] = field(default=None, metadata={"help": "the page title (default: textenv view: PATH)"})
     serve: bool = field(default=False, metadata={"help": "also serve the page on http://127.0.0.1:PORT/ until interrupted"})
     port: int = field(default=8000, metadata={"help": "the port of --serve (0: any free port)"})
+    log_level: str = field(default="info", metadata={"help": "what to print", "choices": list(LOG_LEVELS)})
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> ViewArguments:
@@ -79,15 +81,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     from textenv.view.page import render_page
 
     view = parse(argv)
+    setup_logging(view.log_level)
     path = Path(view.path)
     run = load_run(path)
     output = Path(view.output) if view.output else default_output(path)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render_page(run, view.title or f"textenv view: {view.path}"), encoding="utf-8")
-    print(f"textenv view: {len(run.episodes)} episodes, {len(run.steps)} steps -> {output}")
+    logger.info(f"textenv view: {len(run.episodes)} episodes, {len(run.steps)} steps -> {output}")
     if view.serve:
         server = serve(output.resolve(), view.port)
-        print(f"serving http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)")
+        logger.info(f"serving http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)")
         try:
             server.serve_forever()
         except KeyboardInterrupt:
