@@ -1,6 +1,6 @@
-"""The example scripts: `--help` for every script in examples/, a tiny end-to-end run of the trivia and
-Python-interpreter examples (rollout -> PPO step -> tensorboard -> summary), and the consistency of their
-tasks (prompts, shipped data, rewards)."""
+"""The example scripts: `--help` for every script in examples/ and a tiny end-to-end run of the trivia and
+Python-interpreter examples (rollout -> PPO step -> tensorboard -> summary). Their tasks (prompts, shipped
+data, rewards) are tested in test_example_triviaqa.py and test_example_word_problems.py."""
 
 import re
 import runpy
@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from textenv.tasks import triviaqa, word_problems
-from textenv.tools import PythonInterpreter, WikiSearch
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(path for path in EXAMPLES_DIR.glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
-CORPUS = EXAMPLES_DIR / "data" / "fictional_wiki.jsonl"
-QUESTIONS = EXAMPLES_DIR / "data" / "fictional_wiki_questions.jsonl"
 TINY_RUN = ["--model", "tiny", "--ppo_steps", "1", "--batch-size", "2", "--mini-batch-size", "2", "--max-new-tokens", "8", "--eval-tasks", "1",
             "--threads", "0", "--no-progress"]
 
@@ -85,90 +81,6 @@ def test_tiny_run_trains_logs_and_summarises(name, tmp_path, capsys):
 
     assert (tmp_path / "model" / "adapter_config.json").is_file()  # LoRA is on by default
     assert (tmp_path / "model" / "pytorch_model.bin").is_file()  # the value head, in legacy TRL's PEFT layout
-
-
-# ------------------------------------------------------------------------------------------------ trivia task
-@pytest.fixture(scope="module")
-def wiki():
-    return WikiSearch(CORPUS)
-
-
-def test_trivia_prompt_shows_what_the_wiki_tool_returns(wiki):
-    for search, title in triviaqa.PROMPT_SEARCHES.items():
-        passage = wiki(search)
-        assert passage.startswith(title + "\n")
-        assert f"<request><Wiki>{search}<call>{passage}<response>" in triviaqa.PROMPT
-
-
-def test_every_shipped_question_is_answered_by_its_article(wiki):
-    questions = triviaqa.load_questions(QUESTIONS)
-    assert len(questions) >= 40
-    for record in questions:
-        passage = wiki(record["question"])
-        assert passage.split("\n")[0] == record["title"], record["question"]
-        assert record["answers"][0].lower() in passage.lower(), record["question"]
-
-
-def test_trivia_questions_leave_out_the_prompt_articles_and_split_into_disjoint_sets():
-    questions = triviaqa.load_questions(QUESTIONS)
-    asked = {record["question"] for record in questions}
-    assert not asked & set(triviaqa.PROMPT_QUESTIONS)
-    assert {"Mount Kessarine", "Lake Imbrel"}.isdisjoint(record["title"] for record in questions)
-    assert "How deep is Lake Imbrel?" in QUESTIONS.read_text()  # in the file, but answered by the prompt
-    training, held_out = triviaqa.split_questions(questions)
-    assert len(held_out) >= 8
-    assert {r["question"] for r in training}.isdisjoint({r["question"] for r in held_out})
-    assert len(training) + len(held_out) == len(questions)
-
-
-@pytest.mark.parametrize(
-    "text, accepted, reward",
-    [
-        ("\nResult=Caldmere<submit>", ["Caldmere"], 1.0),
-        ("\nResult = The Grey Heron. <submit>", ["Grey Heron"], 1.0),  # case, article, punctuation
-        ("Result=5,812 m<submit>", ["5,812 metres", "5812"], 1.0),
-        ("Result=It is Quendar, on the Quen River<submit>", ["Quendar"], 1.0),
-        ("Result=Caldmeres<submit>", ["Caldmere"], 0.0),  # whole words only
-        ("Result=Ilse Marrow<submit>", ["Caldmere"], 0.0),
-        ("Lake Imbrel\nLake Imbrel is a freshwater lake in the province of Caldmere.", ["Caldmere"], 0.0),  # no answer submitted
-        ("Result=Lake Imbrel is a freshwater lake in the province of Caldmere and deep<submit>", ["Caldmere"], 0.0),  # copied passage
-        ("Result=<submit>", ["Caldmere"], 0.0),
-    ],
-)
-def test_trivia_reward(text, accepted, reward):
-    assert triviaqa.answer_match_reward([text], [accepted]) == [reward]
-
-
-# ------------------------------------------------------------------------------------------------ word problems
-def test_word_problem_prompt_code_prints_the_answer_it_shows():
-    example = word_problems.PROMPT.split("<|im_start|>assistant\n")[1]
-    code = example.split("<request><PythonInterpreter>")[1].split("<call>")[0]
-    shown = example.split("<call>")[1].split("<response>")[0]
-    assert PythonInterpreter()(code) == shown == "8\n"
-    assert "Result = 8 <submit>" in example
-
-
-def test_word_problems_are_reproducible_and_well_formed():
-    queries, answers = word_problems.generate_tasks(60, seed=7)
-    assert (queries, answers) == word_problems.generate_tasks(60, seed=7)
-    assert queries != word_problems.generate_tasks(60, seed=8)[0]
-    assert all(query.endswith("?<|im_end|>\n<|im_start|>assistant\n") for query in queries)
-    assert all(answer >= 0 for answer in answers)
-    assert len({query.split()[0] for query in queries}) >= 4  # several templates are used
-
-
-@pytest.mark.parametrize(
-    "text, reward",
-    [
-        ("\nResult = 42 <submit>", 1.0),
-        ("Result=42.05<submit>", 1.0),
-        ("Result = 42.2 <submit>", 0.0),
-        ("Result = 42", 0.0),
-        ("42\n<response>", 0.0),
-    ],
-)
-def test_word_problem_reward_tolerance(text, reward):
-    assert word_problems.answer_match_reward([text], [42.0]) == [reward]
 
 
 def test_ppo_step_example_trains_through_the_one_loop(tmp_path, monkeypatch):

@@ -10,6 +10,10 @@ by calling the calculator tool (TextEnvironment + PPOTrainer.step, exact-match r
 4. measures and shows again, prints a before/after table, the wall time and the peak memory, and saves
    the reward curve to `outputs/demo/reward_curve.png`.
 
+Every episode (training and held-out, before and after) and every step goes to `outputs/demo/episodes.jsonl`
+and `steps.jsonl` as the demo runs: `textenv view outputs/demo` shows them. A new demo run moves the files of
+the previous one to `outputs/demo/previous/<time>/`.
+
 Training runs a fixed number of steps, but stops early when the next step would not leave time for the final
 evaluation within `--budget_minutes` (20 by default, 45 with `--tool_format json`, whose longer chat
 prompts and JSON calls make every step and evaluation about twice as slow): on a busy machine the demo
@@ -22,6 +26,7 @@ and `textenv rollout`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -35,6 +40,7 @@ from textenv.extras import require
 from textenv.logs import setup_logging
 from textenv.options import CommandArguments, parse_options
 from textenv.reporting import peak_memory_mb
+from textenv.view import set_aside_previous_run
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +64,10 @@ class DemoArguments:
     """What the demo adds to the training `Settings` (whose options it shares with the examples)."""
 
     quick: bool = field(default=False, metadata={"help": f"a tiny smoke-test run (also: {SMALL_ENV_VAR}=1); other options still apply"})
-    output_dir: str = field(default="outputs/demo", metadata={"help": "where the reward curve goes"})
+    output_dir: str = field(
+        default="outputs/demo",
+        metadata={"help": "the run directory: reward curve, episodes.jsonl and steps.jsonl (textenv view shows them)"},
+    )
     show: int = field(default=2, metadata={"help": "held-out episodes shown before and after training"})
     budget_minutes: Optional[float] = field(
         default=None,
@@ -81,15 +90,14 @@ def parse(argv: Sequence[str] | None = None) -> tuple[training.Settings, DemoArg
     return parse_options(classes, argv, prog="textenv demo", description=__doc__, defaults=defaults)
 
 
-def measure(env, queries: list[str], answers: list[float], label: str, progress: bool = False) -> dict[str, training.Evaluation]:
-    """Sampled and greedy held-out evaluations of the current policy (with a progress bar if asked)."""
-    results = {}
+def measure(env, queries: list[str], answers: list[float], label: str, output_dir: str, step: int = 0, progress: bool = False) -> dict[str, training.Evaluation]:
+    """Sampled and greedy held-out evaluations of the current policy (with a progress bar if asked), recorded
+    in the run directory `output_dir` for `textenv view`."""
     env.progress = progress
-    for mode, sample in (("sampled", True), ("greedy", False)):
-        results[mode] = training.evaluate(env, queries, answers, sample=sample)
-        logger.info(f"[{label}] held-out accuracy ({mode}): {results[mode].accuracy:.1%} ({results[mode].seconds:.0f} s)")
-    env.progress = False
-    return results
+    try:
+        return training.measure(functools.partial(training.evaluate, env, queries, answers), label, output_dir, env.tokenizer, step)
+    finally:
+        env.progress = False
 
 
 def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> None:
@@ -101,10 +109,7 @@ def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> No
 
 
 def print_summary(before: dict, after: dict, settings: training.Settings, steps_run: int, seconds: float, curve: Path) -> None:
-    logger.info(f"\n=== Calculator agent: held-out accuracy on {settings.eval_tasks} tasks, before -> after PPO ===")
-    for mode, name in (("sampled", "sampled (temperature 1)"), ("greedy", "greedy")):
-        change = 100 * (after[mode].accuracy - before[mode].accuracy)
-        logger.info(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
+    training.log_before_after(f"Calculator agent: held-out accuracy on {settings.eval_tasks} tasks", before, after)
     logger.info(
         f"training: {steps_run} of {settings.ppo_steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
         f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
@@ -112,6 +117,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
     )
     logger.info(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     logger.info(f"reward curve: {curve}")
+    logger.info(f"every episode, step by step: textenv view {curve.parent} --output page.html")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -121,13 +127,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     started = time.perf_counter()
     training.seed_everything(settings.seed, settings.threads)
 
+    previous = set_aside_previous_run(args.output_dir)
+    if previous is not None:
+        logger.info(f"the previous demo run's episodes and steps moved to {previous}")
     model, tokenizer = training.build_policy(settings)
     env = training.build_calculator_environment(model, tokenizer, settings)
     ppo_trainer = training.build_trainer(model, tokenizer, settings)
     eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 
-    before = measure(env, eval_queries, eval_answers, "before", progress=not command.no_progress)
+    before = measure(env, eval_queries, eval_answers, "before", args.output_dir, progress=not command.no_progress)
     show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     deadline = None
     budget_minutes = DEFAULT_BUDGET_MINUTES[settings.tool_format] if args.budget_minutes is None else args.budget_minutes
@@ -135,10 +144,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         evaluation_seconds = sum(evaluation.seconds for evaluation in before.values())
         deadline = started + 60 * budget_minutes - evaluation_seconds
     episodes = training.TextEnvironmentSource(env, task_batches)
-    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, deadline=deadline, progress=not command.no_progress)
+    logs = training.train(
+        ppo_trainer, episodes, settings.ppo_steps, deadline=deadline, progress=not command.no_progress, run_dir=args.output_dir
+    )
     if len(logs) < settings.ppo_steps:
         logger.info(f"time budget reached: stopping after {len(logs)} of {settings.ppo_steps} steps")
-    after = measure(env, eval_queries, eval_answers, "after", progress=not command.no_progress)
+    after = measure(env, eval_queries, eval_answers, "after", args.output_dir, len(logs), progress=not command.no_progress)
     show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
     curve = plot_reward_curve(

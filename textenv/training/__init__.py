@@ -5,12 +5,13 @@
   source is `textenv.gym.training.GymSource`);
 - `policy`: `load_policy`, the one policy loader, and `lora_config`;
 - `settings`: `Settings` and the policy, trainer and seeds they give;
-- `evaluation`: `evaluate` a policy on fixed tasks, sampled or greedy;
+- `evaluation`: `evaluate` a policy on fixed tasks, sampled or greedy, `measure` it both ways before and after
+  training and `log_before_after`;
 - `calculator`: the calculator job's environment and training tasks.
 """
 
 from textenv.training.calculator import build_calculator_environment, calculator_task_batches, calculator_tasks
-from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode
+from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode, log_before_after, measure
 from textenv.training.loop import StepLog, train
 from textenv.training.policy import LORA_TARGET_MODULES, TINY_MODEL, load_policy, lora_config
 from textenv.training.settings import Settings, build_policy, build_trainer, seed_everything
@@ -35,7 +36,9 @@ __all__ = [
     "evaluate",
     "generation_mode",
     "load_policy",
+    "log_before_after",
     "lora_config",
+    "measure",
     "seed_everything",
     "split_text",
     "train",

@@ -1,17 +1,23 @@
-"""Measuring a policy on a fixed task set: `evaluate`, sampled (as it is trained) or greedy."""
+"""Measuring a policy on a fixed task set: `evaluate`, sampled (as it is trained) or greedy; `measure` both
+ways before and after training, `log_before_after` the table every example and the demo print."""
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from textenv.environment import TextEnvironment, TextHistory
 
 # Sampling exactly as the legacy examples: temperature 1, no top-k / top-p filtering.
 SAMPLING_KWARGS = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
 GREEDY_KWARGS = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+MODES = {"sampled": True, "greedy": False}  # mode name -> sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,3 +68,53 @@ def evaluate(env: TextEnvironment, queries: Sequence[str], answers: Sequence[Any
         *_, rewards, histories = env.run(list(queries), answers=list(answers))
     rewards = [float(reward) for reward in rewards]
     return Evaluation(sum(rewards) / len(rewards), rewards, histories, time.perf_counter() - started)
+
+
+def measure(
+    evaluate_one: Callable[[bool], Evaluation],
+    label: str,
+    run_dir: Union[str, Path, None] = None,
+    tokenizer=None,
+    step: int = 0,
+) -> dict[str, Evaluation]:
+    """Evaluate a policy sampled (temperature 1, as it is trained) and greedy, log both accuracies and, with
+    `run_dir`, record the episodes there for `textenv view` (phase ``f"eval-{label}"``).
+
+    Args:
+        evaluate_one (`Callable[[bool], Evaluation]`): one evaluation, given `sample`; for a TextEnvironment
+            ``functools.partial(evaluate, env, queries, answers)``, for a Gym dataset
+            ``functools.partial(textenv.gym.evaluate, scheduler, rows)``.
+        label (`str`): e.g. ``"before"`` or ``"after"``.
+        run_dir (`str` or `Path`, *optional*): the run directory of `train(run_dir=...)`.
+        tokenizer (*optional*): spells the tokens of the recorded episodes.
+        step (`int`, defaults to 0): the PPO steps done so far (where the page puts these episodes).
+
+    Returns:
+        ``{"sampled": Evaluation, "greedy": Evaluation}``.
+    """
+    results = {}
+    for mode, sample in MODES.items():
+        results[mode] = evaluation = evaluate_one(sample)
+        logger.info(f"[{label}] held-out accuracy ({mode}): {evaluation.accuracy:.1%} ({evaluation.seconds:.0f} s)")
+        if run_dir is not None:
+            from textenv.view import RunRecorder
+
+            with RunRecorder(run_dir, tokenizer) as recorder:
+                recorder.record_episodes(evaluation.histories, evaluation.rewards, step=step, phase=f"eval-{label}-{mode}")
+    return results
+
+
+def log_before_after(title: str, before: dict[str, Evaluation], after: dict[str, Evaluation]) -> dict[str, float]:
+    """Log the before -> after table of two `measure` results under `title`.
+
+    Returns:
+        ``{"sampled_before", "sampled_after", "greedy_before", "greedy_after"}`` accuracies.
+    """
+    logger.info(f"\n=== {title}, before -> after PPO ===")
+    figures = {}
+    for mode in MODES:
+        name = "sampled (temperature 1)" if MODES[mode] else mode
+        change = 100 * (after[mode].accuracy - before[mode].accuracy)
+        logger.info(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
+        figures[f"{mode}_before"], figures[f"{mode}_after"] = before[mode].accuracy, after[mode].accuracy
+    return figures

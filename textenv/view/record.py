@@ -53,6 +53,26 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
     }
 
 
+def set_aside_previous_run(run_dir: Union[str, Path]) -> Optional[Path]:
+    """Move a finished run's `episodes.jsonl` and `steps.jsonl` out of the way (into
+    `run_dir/previous/<time>/`), so that a new, unrelated run in the same directory starts empty while nothing
+    already written is lost. A resumed run must not call this: it appends to the files.
+
+    Returns:
+        The folder they were moved to, or `None` when there was nothing to move.
+    """
+    run_dir = Path(run_dir)
+    existing = [run_dir / name for name in (EPISODES_FILE, STEPS_FILE) if (run_dir / name).exists()]
+    if not existing:
+        return None
+    folder = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    folder = next(candidate for index in range(1000) if not (candidate := folder.with_name(f"{folder.name}{f'-{index}' if index else ''}")).exists())
+    folder.mkdir(parents=True)
+    for path in existing:
+        path.rename(folder / path.name)
+    return folder
+
+
 class RunRecorder:
     """Appends a run's episodes and steps to `run_dir/episodes.jsonl` and `run_dir/steps.jsonl`.
 
