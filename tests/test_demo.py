@@ -1,13 +1,15 @@
 """The main job's code path (`textenv demo --quick` on the tiny random model) and the training helpers."""
 
 import re
+from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
-from types import SimpleNamespace
 
 from textenv import demo, training
 from textenv.tasks import calculator as task
+from textenv.view import load_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -27,6 +29,14 @@ def test_quick_demo_writes_the_curve_and_prints_the_accuracy_table(tmp_path, cap
     assert "Reward:" in out  # episodes were shown with show_text
     for key in ("sampled_before", "sampled_after", "greedy_before", "greedy_after"):
         assert 0.0 <= result[key] <= 1.0
+    # the run directory textenv view shows: every training and held-out episode, every step
+    run = load_run(tmp_path)
+    tasks, steps = demo.QUICK_SETTINGS.eval_tasks, demo.QUICK_SETTINGS.ppo_steps
+    phases = Counter(episode["phase"] for episode in run.episodes)
+    assert phases == {"train": steps * demo.QUICK_SETTINGS.batch_size, **{f"eval-{when}-{mode}": tasks for when in ("before", "after") for mode in ("sampled", "greedy")}}
+    assert {episode["step"] for episode in run.episodes if episode["phase"].startswith("eval-after")} == {steps}
+    assert [line["step"] for line in run.steps] == list(range(steps))
+    assert f"textenv view {tmp_path}" in out
 
 
 def test_quick_demo_with_json_tool_calls(tmp_path, capsys):

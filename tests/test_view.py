@@ -37,7 +37,7 @@ from textenv.training import (
     train,
 )
 from textenv.training.sources import EpisodeBatch
-from textenv.view import RunRecorder, build_page, episode_record, load_run, show, step_summary
+from textenv.view import RunRecorder, build_page, episode_record, load_run, set_aside_previous_run, show, step_summary
 from textenv.view.episodes import gym_tool_calls, message_segments
 from textenv.view.page import COLOUR_ATTRIBUTES, script_json, segment_colours
 
@@ -297,6 +297,21 @@ def test_a_resumed_gym_run_drops_the_stale_attempt_also_from_completions(tmp_pat
     ]
     assert len([r for r in run.episodes if r["phase"] == "rollout"]) == 2  # the failed episodes only, not the stale trained ones
     assert [s["run"] for s in run.steps] == [read_completions(runs["gym"] / "steps.jsonl")[0]["run"], resumed.run_id]
+
+
+def test_a_new_run_sets_the_previous_runs_files_aside(tmp_path, runs):
+    assert set_aside_previous_run(tmp_path / "empty") is None
+    for name in ("episodes.jsonl", "steps.jsonl", "completions.jsonl"):
+        (tmp_path / name).write_bytes((runs["gym"] / name).read_bytes())
+    (tmp_path / "reward_curve.png").write_bytes(b"png")
+    first = set_aside_previous_run(tmp_path)
+    assert sorted(path.name for path in first.iterdir()) == ["completions.jsonl", "episodes.jsonl", "steps.jsonl"]
+    assert (first / "episodes.jsonl").read_bytes() == (runs["gym"] / "episodes.jsonl").read_bytes()  # nothing lost
+    assert (tmp_path / "reward_curve.png").exists() and not (tmp_path / "episodes.jsonl").exists()
+    (tmp_path / "steps.jsonl").write_bytes((runs["gym"] / "steps.jsonl").read_bytes())
+    second = set_aside_previous_run(tmp_path)  # within the same second: a folder of its own
+    assert second != first and [path.name for path in second.iterdir()] == ["steps.jsonl"]
+    assert len(list((tmp_path / "previous").iterdir())) == 2
 
 
 def test_train_without_run_dir_writes_nothing(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from textenv.gym.registry import (
 )
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.scheduler import EnvTimeoutError, GymScheduler, RunStats
-from textenv.gym.training import GymSource, ppo_batch
+from textenv.gym.training import GymSource, evaluate, ppo_batch
 from textenv.gym.validation import EnvContractError
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "ToolEnv",
     "context_managers",
     "envs",
+    "evaluate",
     "load_plugins",
     "load_rows",
     "make_request",

@@ -1,9 +1,11 @@
-"""From gym episodes to `PPOTrainer.step`: the batch it takes (`ppo_batch`), and `GymSource`, the Gym front
-end's episode source for the one training loop (`textenv.training.train`)."""
+"""From gym episodes to `PPOTrainer.step`: the batch it takes (`ppo_batch`), `GymSource`, the Gym front
+end's episode source for the one training loop (`textenv.training.train`), and `evaluate`, a policy's
+success rate on fixed rows (for `textenv.training.measure`)."""
 
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any, List, Mapping, Sequence, Tuple, Union
 
@@ -11,7 +13,9 @@ import torch
 
 from textenv.gym.episode import GymEpisode
 from textenv.gym.scheduler import GymScheduler
+from textenv.training.evaluation import Evaluation, generation_mode
 from textenv.training.sources import EpisodeBatch, split_text
+from textenv.view.record import SOLVED_REWARD
 
 
 def ppo_batch(episodes: Sequence[GymEpisode]) -> Tuple[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]:
@@ -93,6 +97,29 @@ class GymSource:
             f"only {len(trainable)} of {self.batch_size} episodes were trainable after {self.max_rounds} rounds; "
             "see the errors in completions.jsonl."
         )
+
+
+def evaluate(scheduler: GymScheduler, rows: Sequence[Mapping[str, Any]], sample: bool) -> Evaluation:
+    """The scheduler's policy on fixed dataset rows, one episode each, sampled at temperature 1 or greedy.
+
+    Args:
+        scheduler (`GymScheduler`): runs the episodes (its `generation_kwargs` are restored afterwards).
+        rows (`Sequence[Mapping]`): the held-out rows.
+        sample (`bool`): sample at temperature 1 (the policy as it is trained) instead of greedy decoding.
+
+    Returns:
+        An `Evaluation` whose `rewards` are the episodes' total rewards, whose `accuracy` is the fraction of
+        episodes solved (total reward >= 1.0, as `textenv view` counts them; a failed episode is unsolved)
+        and whose `histories` are the `GymEpisode`s.
+    """
+    if scheduler.model is not None:
+        scheduler.model.eval()
+    started = time.perf_counter()
+    with generation_mode(scheduler, sample):
+        episodes = scheduler.run(list(rows))
+    rewards = [float(episode.total_reward) for episode in episodes]
+    accuracy = sum(reward >= SOLVED_REWARD for reward in rewards) / len(rewards)
+    return Evaluation(accuracy, rewards, episodes, time.perf_counter() - started)
 
 
 def _episode_batch(episodes: List[GymEpisode]) -> EpisodeBatch:

@@ -27,7 +27,7 @@ class Evaluation:
     Attributes:
         accuracy (`float`): mean reward, in [0, 1] for a 0/1 reward.
         rewards (`list[float]`): one per task.
-        histories (`list[TextHistory]`): the episodes, in task order.
+        histories (`list`): the episodes, in task order: `TextHistory`s (`GymEpisode`s for a Gym evaluation).
         seconds (`float`): wall time.
     """
 
@@ -39,8 +39,8 @@ class Evaluation:
 
 @contextmanager
 def generation_mode(env: TextEnvironment, sample: bool) -> Iterator[TextEnvironment]:
-    """Temporarily make `env` sample at temperature 1 (`sample=True`) or decode greedily; its
-    `generation_kwargs` are restored afterwards."""
+    """Temporarily make `env` (a `TextEnvironment` or a `GymScheduler`) sample at temperature 1
+    (`sample=True`) or decode greedily; its `generation_kwargs` are restored afterwards."""
     saved = env.generation_kwargs
     mode = SAMPLING_KWARGS if sample else GREEDY_KWARGS
     env.generation_kwargs = {**saved, **mode}

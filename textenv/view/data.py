@@ -16,9 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 from textenv.gym.completions import read_completions
 from textenv.view.episodes import Record, completion_line_record
-from textenv.view.record import EPISODES_FILE, STEPS_FILE, step_summary
+from textenv.view.record import COMPLETIONS_FILE, EPISODES_FILE, STEPS_FILE, step_summary
 
-COMPLETIONS_FILE = "completions.jsonl"
 TRAINING_PHASES = ("train", "rollout")
 PATH_HELP = (
     "a run directory written by `train(run_dir=...)` or `textenv train` (episodes.jsonl, steps.jsonl) or by "

@@ -26,6 +26,7 @@ from textenv.view.episodes import Record, episode_record
 
 EPISODES_FILE = "episodes.jsonl"
 STEPS_FILE = "steps.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"  # a Gym run's rollouts (textenv.gym.GymSource, textenv rollout)
 # `accuracy` is the fraction of episodes whose reward reaches the largest reward of the 0/1 tasks: 1.0.
 SOLVED_REWARD = 1.0
 
@@ -54,7 +55,7 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
 
 
 def set_aside_previous_run(run_dir: Union[str, Path]) -> Optional[Path]:
-    """Move a finished run's `episodes.jsonl` and `steps.jsonl` out of the way (into
+    """Move a finished run's `episodes.jsonl`, `steps.jsonl` and `completions.jsonl` out of the way (into
     `run_dir/previous/<time>/`), so that a new, unrelated run in the same directory starts empty while nothing
     already written is lost. A resumed run must not call this: it appends to the files.
 
@@ -62,7 +63,7 @@ def set_aside_previous_run(run_dir: Union[str, Path]) -> Optional[Path]:
         The folder they were moved to, or `None` when there was nothing to move.
     """
     run_dir = Path(run_dir)
-    existing = [run_dir / name for name in (EPISODES_FILE, STEPS_FILE) if (run_dir / name).exists()]
+    existing = [run_dir / name for name in (EPISODES_FILE, STEPS_FILE, COMPLETIONS_FILE) if (run_dir / name).exists()]
     if not existing:
         return None
     folder = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
