@@ -36,7 +36,6 @@ GPU-size run, e.g.:
 """
 
 
-import functools
 import logging
 import random
 import time
@@ -106,24 +105,6 @@ def task_batches(batch_size: int, seed: int, exclude: set[str]) -> Iterator[tupl
             yield [query for query, _ in kept], [answer for _, answer in kept]
 
 
-def measure(env: TextEnvironment, queries: list[str], answers: list[float], label: str, output_dir: str, step: int = 0, progress: bool = False) -> dict:
-    """Sampled and greedy held-out evaluations (`training.measure`), with a progress bar if asked, recorded in
-    the run directory `output_dir`."""
-    env.progress = progress
-    try:
-        return training.measure(functools.partial(training.evaluate, env, queries, answers), label, output_dir, env.tokenizer, step)
-    finally:
-        env.progress = False
-
-
-def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> None:
-    """Print the first `count` episodes of an evaluation with `show_text`."""
-    if count > 0:
-        logger.info(f"\n--- {title} ---")
-    for index, history in enumerate(evaluation.histories[:count]):
-        history.show_text(show_legend=index == 0)
-
-
 def main(argv: list[str] | None = None) -> dict:
     """Measure on held-out problems, train, measure again and print a summary.
 
@@ -150,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     batches = task_batches(settings.batch_size, settings.seed, exclude=set(eval_queries))
     progress = not command.no_progress
 
-    before = measure(env, eval_queries, eval_answers, "before", interpreter.output_dir, progress=progress)
-    show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
+    before = training.measure_environment(env, eval_queries, eval_answers, "before", interpreter.output_dir, progress=progress)
+    training.show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     training_started = time.perf_counter()
     episodes = training.TextEnvironmentSource(env, batches)
     logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=progress, run_dir=interpreter.output_dir)
@@ -159,8 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
     ppo_trainer.accelerator.end_training()
     if args.save_dir:
         ppo_trainer.save_pretrained(args.save_dir)
-    after = measure(env, eval_queries, eval_answers, "after", interpreter.output_dir, step=len(logs), progress=progress)
-    show_episodes(after["sampled"], args.show, "the same held-out problems after training (sampled)")
+    after = training.measure_environment(env, eval_queries, eval_answers, "after", interpreter.output_dir, step=len(logs), progress=progress)
+    training.show_episodes(after["sampled"], args.show, "the same held-out problems after training (sampled)")
 
     summary = reporting.summarise(logs)
     summary.update(training.log_before_after(f"Word problems: held-out accuracy on {settings.eval_tasks} problems", before, after))

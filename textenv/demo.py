@@ -26,7 +26,6 @@ and `textenv rollout`.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -90,24 +89,6 @@ def parse(argv: Sequence[str] | None = None) -> tuple[training.Settings, DemoArg
     return parse_options(classes, argv, prog="textenv demo", description=__doc__, defaults=defaults)
 
 
-def measure(env, queries: list[str], answers: list[float], label: str, output_dir: str, step: int = 0, progress: bool = False) -> dict[str, training.Evaluation]:
-    """Sampled and greedy held-out evaluations of the current policy (with a progress bar if asked), recorded
-    in the run directory `output_dir` for `textenv view`."""
-    env.progress = progress
-    try:
-        return training.measure(functools.partial(training.evaluate, env, queries, answers), label, output_dir, env.tokenizer, step)
-    finally:
-        env.progress = False
-
-
-def show_episodes(evaluation: training.Evaluation, count: int, title: str) -> None:
-    """Print the first `count` episodes of an evaluation with `show_text`."""
-    logger.info(f"\n--- {title} ---")
-    for index, history in enumerate(evaluation.histories[:count]):
-        history.show_text(show_legend=index == 0)
-        logger.info("")
-
-
 def print_summary(before: dict, after: dict, settings: training.Settings, steps_run: int, seconds: float, curve: Path) -> None:
     training.log_before_after(f"Calculator agent: held-out accuracy on {settings.eval_tasks} tasks", before, after)
     logger.info(
@@ -136,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 
-    before = measure(env, eval_queries, eval_answers, "before", args.output_dir, progress=not command.no_progress)
-    show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
+    before = training.measure_environment(env, eval_queries, eval_answers, "before", args.output_dir, progress=not command.no_progress)
+    training.show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     deadline = None
     budget_minutes = DEFAULT_BUDGET_MINUTES[settings.tool_format] if args.budget_minutes is None else args.budget_minutes
     if budget_minutes > 0:  # leave the time the final evaluation will take (as long as the first one)
@@ -149,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     if len(logs) < settings.ppo_steps:
         logger.info(f"time budget reached: stopping after {len(logs)} of {settings.ppo_steps} steps")
-    after = measure(env, eval_queries, eval_answers, "after", args.output_dir, len(logs), progress=not command.no_progress)
-    show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
+    after = training.measure_environment(env, eval_queries, eval_answers, "after", args.output_dir, len(logs), progress=not command.no_progress)
+    training.show_episodes(after["sampled"], args.show, "the same held-out tasks after training (sampled)")
 
     curve = plot_reward_curve(
         logs,

@@ -11,7 +11,7 @@
 """
 
 from textenv.training.calculator import build_calculator_environment, calculator_task_batches, calculator_tasks
-from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode, log_before_after, measure
+from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode, log_before_after, measure, measure_environment, show_episodes
 from textenv.training.loop import StepLog, train
 from textenv.training.policy import LORA_TARGET_MODULES, TINY_MODEL, load_policy, lora_config
 from textenv.training.settings import Settings, build_policy, build_trainer, seed_everything
@@ -39,7 +39,9 @@ __all__ = [
     "log_before_after",
     "lora_config",
     "measure",
+    "measure_environment",
     "seed_everything",
+    "show_episodes",
     "split_text",
     "train",
 ]

@@ -3,6 +3,7 @@ ways before and after training, `log_before_after` the table every example and t
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from contextlib import contextmanager
@@ -102,6 +103,32 @@ def measure(
             with RunRecorder(run_dir, tokenizer) as recorder:
                 recorder.record_episodes(evaluation.histories, evaluation.rewards, step=step, phase=f"eval-{label}-{mode}")
     return results
+
+
+def measure_environment(
+    env: TextEnvironment,
+    queries: Sequence[str],
+    answers: Sequence[Any],
+    label: str,
+    run_dir: Union[str, Path, None] = None,
+    step: int = 0,
+    progress: bool = False,
+) -> dict[str, Evaluation]:
+    """`measure` a TextEnvironment's policy on fixed tasks, sampled and greedy, with a progress bar over the
+    episodes if asked (`env.progress` is restored), recording the episodes in `run_dir`."""
+    saved, env.progress = env.progress, progress
+    try:
+        return measure(functools.partial(evaluate, env, queries, answers), label, run_dir, env.tokenizer, step)
+    finally:
+        env.progress = saved
+
+
+def show_episodes(evaluation: Evaluation, count: int, title: str) -> None:
+    """Log `title` and print the first `count` episodes of an evaluation with `show_text`."""
+    if count > 0:
+        logger.info(f"\n--- {title} ---")
+    for index, history in enumerate(evaluation.histories[:count]):
+        history.show_text(show_legend=index == 0)
 
 
 def log_before_after(title: str, before: dict[str, Evaluation], after: dict[str, Evaluation]) -> dict[str, float]:
