@@ -65,7 +65,7 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list]:
 
 @pytest.mark.parametrize("name", ["triviaqa", "python_interpreter"])
 def test_tiny_run_trains_logs_and_summarises(name, tmp_path, capsys):
-    run_dir = ["--output_dir", str(tmp_path / "run")] if name == "python_interpreter" else []  # not outputs/ of the checkout
+    run_dir = ["--output_dir", str(tmp_path / "run")]  # not outputs/ of the checkout
     summary = example_main(name)([*TINY_RUN, *run_dir, "--log-dir", str(tmp_path / "runs"), "--save-dir", str(tmp_path / "model")])
 
     printed = capsys.readouterr().out

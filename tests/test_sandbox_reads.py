@@ -22,7 +22,7 @@ from textenv.tools.sandbox.bootstrap import TEST_DISABLE_VARIABLE
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox tests target Linux")
 
 PROJECT = Path(textenv.__file__).resolve().parent.parent
-ANSWER_KEY = PROJECT / "examples" / "data" / "fictional_wiki_questions.jsonl"
+ANSWER_KEY = PROJECT / "examples" / "data" / "fictional_towns.jsonl"  # the trivia task's answers
 SOURCE = PROJECT / "textenv" / "tools" / "python_interpreter.py"
 ORDINARY_USER = "textenv-sbx"
 
