@@ -16,9 +16,9 @@ questions about a handwritten fictional wiki: with a 2-shot prompt the bundled S
 answered 0-2% of them (it wrote its guess into the search, or could not find the answer in a long passage),
 too little for PPO to reinforce, and 11 held-out questions were too few to measure. Whole three-sentence
 articles did not work either: searched by the town's name, the model answered every question with the
-founding year of the last example (27% greedy) and PPO only reinforced that (20 steps, no gain). A search
-that returns the answering sentence, one example per kind of question and 297 generated training towns make
-the task learnable; the facts are still invented, so the tool is still needed.
+founding year of the last example (27% greedy) and PPO only reinforced that (stopped after 11 steps without
+gain). A search that returns the answering sentence, one example per kind of question and 297 generated
+training towns make the task learnable; the facts are still invented, so the tool is still needed.
 """
 
 from __future__ import annotations
