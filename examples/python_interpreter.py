@@ -143,14 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     after = training.measure_environment(env, eval_queries, eval_answers, "after", interpreter.output_dir, step=len(logs), progress=progress)
     training.show_episodes(after["sampled"], args.show, "the same held-out problems after training (sampled)")
 
-    summary = reporting.summarise(logs)
-    summary.update(training.log_before_after(f"Word problems: held-out accuracy on {settings.eval_tasks} problems", before, after))
-    summary["held_out_accuracy"] = after["greedy"].accuracy
-    summary["seconds"] = time.perf_counter() - started
-    summary["evaluation_seconds"] = sum(evaluation.seconds for evaluation in (*before.values(), *after.values()))
-    summary["training_seconds"] = training_seconds
-    summary["peak_memory_mb"] = reporting.peak_memory_mb()
-    summary["output_dir"] = interpreter.output_dir
+    title = f"Word problems: held-out accuracy on {settings.eval_tasks} problems"
+    summary = reporting.before_after_summary(logs, before, after, title, time.perf_counter() - started, training_seconds, interpreter.output_dir)
     reporting.print_summary("python_interpreter", summary, settings, args.save_dir, "held-out problems", Path(args.log_dir) / "python_interpreter")
     logger.info(f"of which held-out evaluations {summary['evaluation_seconds']:.0f} s, training {training_seconds:.0f} s; threads: {settings.threads}")
     logger.info(f"every episode, step by step: textenv view {interpreter.output_dir}")

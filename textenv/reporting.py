@@ -7,7 +7,7 @@ import resource
 from pathlib import Path
 from typing import Sequence
 
-from textenv.training import StepLog
+from textenv.training import Evaluation, StepLog, log_before_after
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,29 @@ def summarise(logs: Sequence[StepLog]) -> dict:
         "last_reward": sum(rewards[-window:]) / window,
         "final_kl": logs[-1].kl,
     }
+
+
+def before_after_summary(
+    logs: Sequence[StepLog],
+    before: dict[str, Evaluation],
+    after: dict[str, Evaluation],
+    title: str,
+    seconds: float,
+    training_seconds: float,
+    output_dir: str,
+) -> dict:
+    """An example's summary of a measure -> train -> measure run: `summarise`, the before -> after accuracies
+    (logged as a table under `title`), `held_out_accuracy` (greedy, after training), `seconds`,
+    `evaluation_seconds`, `training_seconds`, `peak_memory_mb` and `output_dir` (the run directory)."""
+    summary = summarise(logs)
+    summary.update(log_before_after(title, before, after))
+    summary["held_out_accuracy"] = after["greedy"].accuracy
+    summary["seconds"] = seconds
+    summary["evaluation_seconds"] = sum(evaluation.seconds for evaluation in (*before.values(), *after.values()))
+    summary["training_seconds"] = training_seconds
+    summary["peak_memory_mb"] = peak_memory_mb()
+    summary["output_dir"] = output_dir
+    return summary
 
 
 def print_summary(name: str, summary: dict, settings, save_dir: str | None, held_out: str, log_dir: str | Path) -> None:
