@@ -17,6 +17,7 @@ from textenv.environment import TextEnvironment, TextHistory
 SAMPLING_KWARGS = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
 GREEDY_KWARGS = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
 MODES = {"sampled": True, "greedy": False}  # mode name -> sample
+MODE_LABELS = {"sampled": "sampled (temperature 1)", "greedy": "greedy"}
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ class Evaluation:
     """The result of `evaluate`.
 
     Attributes:
-        accuracy (`float`): mean reward, in [0, 1] for a 0/1 reward.
+        accuracy (`float`): mean reward, in [0, 1] for a 0/1 reward (`textenv.gym.evaluate`: the fraction of
+            episodes whose total reward reaches 1.0).
         rewards (`list[float]`): one per task.
         histories (`list`): the episodes, in task order: `TextHistory`s (`GymEpisode`s for a Gym evaluation).
         seconds (`float`): wall time.
@@ -97,10 +99,11 @@ def measure(
     for mode, sample in MODES.items():
         results[mode] = evaluation = evaluate_one(sample)
         logger.info(f"[{label}] held-out accuracy ({mode}): {evaluation.accuracy:.1%} ({evaluation.seconds:.0f} s)")
-        if run_dir is not None:
-            from textenv.view import RunRecorder
+    if run_dir is not None:
+        from textenv.view import RunRecorder
 
-            with RunRecorder(run_dir, tokenizer) as recorder:
+        with RunRecorder(run_dir, tokenizer) as recorder:
+            for mode, evaluation in results.items():
                 recorder.record_episodes(evaluation.histories, evaluation.rewards, step=step, phase=f"eval-{label}-{mode}")
     return results
 
@@ -140,8 +143,7 @@ def log_before_after(title: str, before: dict[str, Evaluation], after: dict[str,
     logger.info(f"\n=== {title}, before -> after PPO ===")
     figures = {}
     for mode in MODES:
-        name = "sampled (temperature 1)" if MODES[mode] else mode
         change = 100 * (after[mode].accuracy - before[mode].accuracy)
-        logger.info(f"{name:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
+        logger.info(f"{MODE_LABELS[mode]:<24} {before[mode].accuracy:6.1%} -> {after[mode].accuracy:6.1%}  ({change:+.1f} points)")
         figures[f"{mode}_before"], figures[f"{mode}_after"] = before[mode].accuracy, after[mode].accuracy
     return figures

@@ -66,8 +66,11 @@ def set_aside_previous_run(run_dir: Union[str, Path]) -> Optional[Path]:
     existing = [run_dir / name for name in (EPISODES_FILE, STEPS_FILE, COMPLETIONS_FILE) if (run_dir / name).exists()]
     if not existing:
         return None
-    folder = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    folder = next(candidate for index in range(1000) if not (candidate := folder.with_name(f"{folder.name}{f'-{index}' if index else ''}")).exists())
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, index = run_dir / "previous" / stamp, 0
+    while folder.exists():  # another run set aside within the same second
+        index += 1
+        folder = run_dir / "previous" / f"{stamp}-{index}"
     folder.mkdir(parents=True)
     for path in existing:
         path.rename(folder / path.name)
