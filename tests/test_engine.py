@@ -7,7 +7,7 @@ import torch
 
 import textenv.engine.engine as engine_module
 from textenv.engine import GenerationEngine as RolloutEngine
-from textenv.engine.decoding import supports_fast_decoding
+from textenv.engine.fast_path import DecodingPath, decoding_path
 from textenv.engine.prefix_cache import PrefixCache, common_prefix_length
 from textenv.engine.sampling import SamplingSettings
 
@@ -37,13 +37,17 @@ def ids(completions):
     return [completion.token_ids.tolist() for completion in completions]
 
 
+def force_generate(monkeypatch):
+    monkeypatch.setattr(engine_module, "decoding_path", lambda model: DecodingPath(fast=False, reason="forced by the test"))
+
+
 @pytest.fixture()
 def no_fast_path(monkeypatch):
-    monkeypatch.setattr(engine_module, "supports_fast_decoding", lambda model: False)
+    force_generate(monkeypatch)
 
 
 def test_fast_path_is_used_for_llama(tiny_model):
-    assert supports_fast_decoding(tiny_model)
+    assert decoding_path(tiny_model).fast
     assert SamplingSettings.from_kwargs(tiny_model.generation_config, greedy_kwargs(8), 32) is not None
 
 
@@ -66,7 +70,7 @@ def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, mo
     contexts = contexts_for(tokenizer)
     kwargs = greedy_kwargs(16)
     fast = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
-    monkeypatch.setattr(engine_module, "supports_fast_decoding", lambda model: False)
+    force_generate(monkeypatch)
     slow = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
     assert ids(fast) == ids(slow)
     assert [c.finish_reason for c in fast] == [c.finish_reason for c in slow]

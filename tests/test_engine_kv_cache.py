@@ -4,6 +4,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from textenv.engine.kv_cache import GrowingLayer, growing_cache
+from textenv.engine.fast_path import decoding_path
 from textenv.testing import tiny_causal_lm
 
 
@@ -57,13 +58,14 @@ def test_model_forward_with_growing_cache_equals_dynamic_cache():
     from transformers import DynamicCache
 
     model = tiny_causal_lm()
+    cache_argument = decoding_path(model).cache_argument
     ids = torch.randint(3, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
     logits = {}
     for name, cache in (("growing", growing_cache(model.config, spare=3)), ("dynamic", DynamicCache(config=model.config))):
         with torch.no_grad():
-            steps = [model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True).logits[:, -1]]
+            steps = [model(input_ids=ids[:, :5], use_cache=True, **{cache_argument: cache}).logits[:, -1]]
             for position in range(5, 9):
-                steps.append(model(input_ids=ids[:, position : position + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+                steps.append(model(input_ids=ids[:, position : position + 1], use_cache=True, **{cache_argument: cache}).logits[:, -1])
         logits[name] = torch.stack(steps)
     assert all(isinstance(layer, GrowingLayer) for layer in growing_cache(model.config, spare=3).layers)
     torch.testing.assert_close(logits["growing"], logits["dynamic"], rtol=1e-5, atol=1e-5)

@@ -6,7 +6,8 @@ import collections
 import pytest
 import torch
 
-from textenv.engine.engine import RolloutEngine, decoding_model, supports_fast_decoding
+from textenv.engine.engine import RolloutEngine, decoding_model
+from textenv.engine.fast_path import decoding_path
 from textenv.engine.sampling import RandomStream, inverse_cdf
 from textenv.environment import TextEnvironment
 from textenv.tasks import calculator as task
@@ -48,7 +49,7 @@ def _lora_policy():
 def test_a_lora_policy_decodes_on_the_engine_loop_with_its_adapters():
     model, tokenizer = _lora_policy()
     inner = decoding_model(model)
-    assert inner is not model.pretrained_model and supports_fast_decoding(inner)
+    assert inner is not model.pretrained_model and decoding_path(inner).fast
     context = [torch.tensor(tokenizer("What is 2+2?").input_ids)]
     greedy = {"do_sample": False, "max_new_tokens": 8, "eos_token_id": -1}
     fast = RolloutEngine(model, tokenizer, greedy).generate_batch(context, stop_at_eos=False)[0].token_ids.tolist()

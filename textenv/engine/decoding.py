@@ -10,14 +10,12 @@ and stops are checked on the newest tokens only.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from textenv.engine.kv_cache import GrowingLayer, growing_cache, merged_cache
 from textenv.engine.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
@@ -54,22 +52,6 @@ class DecodeRequest:
     token_ids: list[int] = field(default_factory=list)
 
 
-def supports_fast_decoding(model: torch.nn.Module) -> bool:
-    """Decoder-only models whose cache is a plain per-layer KV cache (no sliding window, no recurrent
-    state) and whose forward takes `position_ids` and `logits_to_keep`."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False):
-        return False
-    parameters = inspect.signature(model.forward).parameters
-    if not {"position_ids", "past_key_values", "logits_to_keep"} <= set(parameters):
-        return False
-    try:
-        cache = DynamicCache(config=config)
-    except Exception:  # noqa: BLE001 - an unusual config: let transformers' generate handle it
-        return False
-    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
 @dataclass
 class _Batch:
     """The rows being decoded: their requests (`None` for a finished row whose slot is not yet reclaimed),
@@ -101,11 +83,13 @@ class ContinuousDecoder:
         prefix_cache: where cached prefixes are looked up and finished sequences are stored.
         pad_token_id: the id used in padded positions (never attended to).
         max_rows (`int`): rows decoded at the same time.
+        cache_argument (`str`): the forward argument that takes the KV cache (`DecodingPath.cache_argument`).
         reuse_cache (`bool`): look up and store cached prefixes.
     """
 
-    def __init__(self, model, prefix_cache: PrefixCache, pad_token_id: int, max_rows: int, reuse_cache: bool = True):
+    def __init__(self, model, prefix_cache: PrefixCache, pad_token_id: int, max_rows: int, cache_argument: str, reuse_cache: bool = True):
         self.model = model
+        self.cache_argument = cache_argument
         self.prefix_cache = prefix_cache
         self.pad_token_id = pad_token_id
         self.max_rows = max_rows
@@ -242,7 +226,7 @@ class ContinuousDecoder:
             return None
         ids = contexts[0][:length]
         cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=ids.to(self.device).unsqueeze(0), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.model(input_ids=ids.to(self.device).unsqueeze(0), use_cache=True, logits_to_keep=1, **{self.cache_argument: cache})
         owned = any(request.owner is not None for request in requests)
         layers = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
         entry = CacheEntry(token_ids=ids, layers=layers, owner=SHARED if owned else None, shared=True)
@@ -289,9 +273,9 @@ class ContinuousDecoder:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_argument: cache},
         )
         return output.logits[:, -1, :]
 

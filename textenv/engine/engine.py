@@ -11,14 +11,17 @@ keeping exactly the tokens up to and including the one that completed its stop.
 
 For greedy and plain sampled decoding (temperature, top-k, top-p, min_new_tokens) on models with a plain
 KV cache the engine runs its own loop (`decoding.py`); greedy results are the tokens `transformers`'
-`generate` gives (up to float rounding). Anything else is served by `generate` itself, in batches of the
-waiting requests with the same settings (`hf_generate.py`). `generate_batch` is the same service for a
+`generate` gives (up to float rounding). Whether a model qualifies is probed once (`fast_path.py`);
+`engine.fast_path` / `engine.decoding_path` tell which path runs. Anything else is served by `generate`
+itself, in batches of the waiting requests with the same settings (`hf_generate.py`), and a warning is
+logged once per model (or per unsupported setting) with the reason. `generate_batch` is the same service for a
 list of contexts at once (the legacy lockstep turn order).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Hashable, Iterable, Sequence
@@ -26,14 +29,17 @@ from typing import Any, Awaitable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.asyncio_bridge import run_sync
-from textenv.engine.decoding import ContinuousDecoder, DecodeRequest, supports_fast_decoding
+from textenv.engine.decoding import ContinuousDecoder, DecodeRequest
+from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
 from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
 from textenv.engine.prefix_cache import PrefixCache
 from textenv.engine.sampling import SamplingSettings
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
+from textenv.engine.unwrapping import decoding_model, model_device, unwrap_model
 from textenv.padding import ensure_pad_token, left_pad
 
 DEFAULT_MAX_NEW_TOKENS = 32
+logger = logging.getLogger(__name__)
 
 __all__ = ["Completion", "GenerationEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
 
@@ -51,36 +57,6 @@ class Completion:
     token_ids: torch.Tensor
     text: str
     finish_reason: str
-
-
-def unwrap_model(model: Any) -> Any:
-    """The model that owns `.generate`: strips accelerate/DDP wrappers and the value-head wrapper."""
-    from accelerate.utils import extract_model_from_parallel
-
-    model = extract_model_from_parallel(model)
-    return getattr(model, "pretrained_model", model)
-
-
-def decoding_model(model: Any) -> Any:
-    """The module the engine's own decoding loop runs: `unwrap_model(model)`, and for a PEFT model whose
-    adapters live inside its layers (LoRA and kin, not prompt learning) the adapted transformers model
-    within, which takes the `position_ids` / `logits_to_keep` the loop feeds (the PEFT wrapper's `forward`
-    hides them). Its layers are the PEFT model's, so enabled or disabled adapters act the same."""
-    model = unwrap_model(model)
-    peft_config = getattr(model, "peft_config", None)
-    active = getattr(model, "active_adapter", None)
-    if isinstance(peft_config, dict) and isinstance(active, str) and active in peft_config and hasattr(model, "get_base_model"):
-        if not peft_config[active].is_prompt_learning:
-            return model.get_base_model()
-    return model
-
-
-def model_device(model: Any) -> torch.device:
-    model = unwrap_model(model)
-    device = getattr(model, "device", None)
-    if device is None:
-        device = next(model.parameters()).device
-    return torch.device(device)
 
 
 MIXED_PRECISION_DTYPES = {None: None, "no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -141,6 +117,18 @@ class GenerationEngine:
         self._hosted_until: threading.Event | None = None
         self._stop_checkers: dict[tuple, StopChecker] = {}
         self._staged: dict[asyncio.AbstractEventLoop, list] = {}
+        self._warned_settings: set[str] = set()
+
+    @property
+    def decoding_path(self) -> DecodingPath:
+        """How the current model's turns are decoded (probed once per model, see `fast_path.py`); a
+        generation setting the loop does not implement still sends its turns to `generate`."""
+        return decoding_path(decoding_model(self.model))
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether the engine's own decoding loop serves the current model (`False`: `generate` does)."""
+        return self.decoding_path.fast
 
     # ------------------------------------------------------------------------------ requests
     async def generate(
@@ -233,15 +221,28 @@ class GenerationEngine:
     # ------------------------------------------------------------------------------ serving
     def _request(self, context, stop_strings, generation_kwargs, done, owner, stop_at_eos: bool):
         kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
-        model = decoding_model(self.model)
-        settings = SamplingSettings.from_kwargs(getattr(model, "generation_config", None), kwargs, DEFAULT_MAX_NEW_TOKENS)
-        fast = settings is not None and supports_fast_decoding(model)
+        settings = self._loop_settings(decoding_model(self.model), kwargs)
+        fast = settings is not None
         checker = self._stop_checker(tuple(stop_strings), settings if fast else None, stop_at_eos)
         context = context.detach().to("cpu", torch.long)
         if fast:
             stream = getattr(owner, "random_stream", None)  # an episode's key carries its own randomness
             return DecodeRequest(context, settings, checker, done, owner=owner if self.reuse_cache else None, stream=stream)
         return HFGenerateRequest(context, kwargs, checker, done)
+
+    def _loop_settings(self, model, kwargs: dict) -> SamplingSettings | None:
+        """The loop's settings for a turn with `kwargs`, or `None` when `generate` must serve it (the model
+        does not qualify, or a setting is not implemented: logged once per setting)."""
+        if not decoding_path(model).fast:
+            return None
+        generation_config = getattr(model, "generation_config", None)
+        settings = SamplingSettings.from_kwargs(generation_config, kwargs, DEFAULT_MAX_NEW_TOKENS)
+        if settings is None:
+            setting = SamplingSettings.unsupported_setting(generation_config, kwargs)
+            if setting not in self._warned_settings:
+                self._warned_settings.add(setting)
+                logger.warning("Turns generated with %s are served by %s, not by %s (it does not implement that setting). Cost: %s.", setting, GENERATE, LOOP, FALLBACK_COST)
+        return settings
 
     def _stop_checker(self, stop_strings: tuple, settings: SamplingSettings | None, stop_at_eos: bool) -> StopChecker:
         stop_ids = {int(self.tokenizer.eos_token_id)} if stop_at_eos and self.tokenizer.eos_token_id is not None else set()
@@ -309,7 +310,8 @@ class GenerationEngine:
     def _serve(self, max_rows: int) -> None:
         """The decoding thread: admit, step, retire, until nothing is running or waiting."""
         model, fast_model = unwrap_model(self.model), decoding_model(self.model)
-        decoder = ContinuousDecoder(fast_model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, self.reuse_cache)
+        cache_argument = decoding_path(fast_model).cache_argument
+        decoder = ContinuousDecoder(fast_model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, cache_argument, self.reuse_cache)
         try:
             with torch.inference_mode(), self._autocast(model):
                 while True:

@@ -62,19 +62,8 @@ class SamplingSettings:
     def from_kwargs(cls, model_generation_config: Any, kwargs: dict, default_max_new_tokens: int) -> "SamplingSettings | None":
         """Settings for `kwargs` over the model's generation config, or `None` when something in them
         needs `transformers`' `generate` (beam search, repetition penalty, custom processors, ...)."""
-        merged = dict(_DEFAULTS)
-        if model_generation_config is not None:
-            merged.update({k: v for k, v in model_generation_config.to_diff_dict().items() if v is not None})
-        merged.update(kwargs)
-        for key, value in merged.items():
-            if key in _SUPPORTED or key in _IGNORED:
-                continue
-            if key in _NEUTRAL and (value == _NEUTRAL[key] or (key == "min_length" and value is not None and value <= 0)):
-                continue
-            if key in ("stopping_criteria", "logits_processor") and not value:
-                continue
-            return None
-        if merged.get("max_new_tokens") is None and "max_length" in kwargs and kwargs["max_length"] is not None:
+        merged = _merged(model_generation_config, kwargs)
+        if _unsupported(merged, kwargs) is not None:
             return None
         return cls(
             max_new_tokens=int(merged.get("max_new_tokens") or default_max_new_tokens),
@@ -85,6 +74,12 @@ class SamplingSettings:
             min_new_tokens=int(merged.get("min_new_tokens") or 0),
             eos_token_ids=_positive_ids(merged.get("eos_token_id")),
         )
+
+    @staticmethod
+    def unsupported_setting(model_generation_config: Any, kwargs: dict) -> str | None:
+        """The first setting of `kwargs` over the model's generation config that the loop does not
+        implement, as ``"name=value"``, or `None` when `from_kwargs` gives settings."""
+        return _unsupported(_merged(model_generation_config, kwargs), kwargs)
 
     def next_tokens(self, logits: torch.Tensor, generated_counts: list[int], uniforms: torch.Tensor | None = None) -> torch.Tensor:
         """Choose one token per row from `[rows, vocab]` logits, given how many tokens each row has; when
@@ -160,3 +155,25 @@ def _positive_ids(value: Any) -> set[int]:
         value = value.tolist()
     values = value if isinstance(value, (list, tuple, set)) else [value]
     return {int(v) for v in values if int(v) >= 0}
+
+
+def _merged(model_generation_config: Any, kwargs: dict) -> dict:
+    merged = dict(_DEFAULTS)
+    if model_generation_config is not None:
+        merged.update({k: v for k, v in model_generation_config.to_diff_dict().items() if v is not None})
+    merged.update(kwargs)
+    return merged
+
+
+def _unsupported(merged: dict, kwargs: dict) -> str | None:
+    for key, value in merged.items():
+        if key in _SUPPORTED or key in _IGNORED:
+            continue
+        if key in _NEUTRAL and (value == _NEUTRAL[key] or (key == "min_length" and value is not None and value <= 0)):
+            continue
+        if key in ("stopping_criteria", "logits_processor") and not value:
+            continue
+        return f"{key}={value!r}"
+    if merged.get("max_new_tokens") is None and kwargs.get("max_length") is not None:
+        return f"max_length={kwargs['max_length']!r} without max_new_tokens"
+    return None

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM
 
+from textenv.engine.fast_path import cache_keyword, returned_cache
 from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
 from textenv.ppo.value_head import VALUE_HEAD_KWARGS, as_index, attach_value_head
 
@@ -75,9 +76,10 @@ class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
             kwargs: passed to the wrapped model (``decoder_input_ids``, ``decoder_attention_mask``, ``labels``, ...).
         """
         kwargs["output_hidden_states"] = True
-        kwargs["past_key_values"] = past_key_values
+        if past_key_values is not None:
+            kwargs[cache_keyword(self.pretrained_model)] = past_key_values
         if self.is_peft_model and getattr(self.pretrained_model.active_peft_config, "peft_type", None) == "PREFIX_TUNING":
-            kwargs.pop("past_key_values")
+            kwargs.pop(cache_keyword(self.pretrained_model), None)
         output = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         last_hidden_state = output.decoder_hidden_states[-1]
         if last_hidden_state.device != self.v_head.summary.weight.device:
@@ -88,5 +90,5 @@ class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
             logits = logits[:, as_index(logits_to_keep, logits.shape[1], logits.device)]
         logits = logits.float()
         if return_past_key_values:
-            return logits, output.loss, value, output.past_key_values
+            return logits, output.loss, value, returned_cache(output)
         return logits, output.loss, value

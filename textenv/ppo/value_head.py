@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from textenv.engine.fast_path import cache_keyword, returned_cache
 from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
 
 VALUE_HEAD_KWARGS = ("summary_dropout_prob", "v_head_initializer_range", "v_head_init_strategy")
@@ -146,11 +147,12 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = as_index(logits_to_keep, input_ids.shape[1], input_ids.device)
         kwargs["output_hidden_states"] = True
-        kwargs["past_key_values"] = past_key_values
+        if past_key_values is not None:
+            kwargs[cache_keyword(self.pretrained_model)] = past_key_values
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
         if self.is_peft_model and getattr(self.pretrained_model.active_peft_config, "peft_type", None) == "PREFIX_TUNING":
-            kwargs.pop("past_key_values")
+            kwargs.pop(cache_keyword(self.pretrained_model), None)
         output = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         last_hidden_state = output.hidden_states[-1]
         if last_hidden_state.device != self.v_head.summary.weight.device:
@@ -158,7 +160,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
         value = self.v_head(last_hidden_state).squeeze(-1)  # [B, T]
         logits = output.logits.float()
         if return_past_key_values:
-            return logits, output.loss, value, output.past_key_values
+            return logits, output.loss, value, returned_cache(output)
         return logits, output.loss, value
 
     def _forward_kept_logits(self, input_ids, attention_mask, position_ids, logits_to_keep, **body_kwargs) -> tuple:
