@@ -173,8 +173,8 @@ def test_special_tokens_in_tool_results_are_neutralised(tokenizer, tiny_model):
 def test_json_arguments_are_checked(tokenizer, tiny_model):
     with pytest.raises(TypeError, match="list of message dicts"):
         TextEnvironment(tiny_model, tokenizer, {}, None, 3, tool_format="json")
-    with pytest.raises(ValueError, match="tags only"):
-        TextEnvironment(tiny_model, tokenizer, {}, None, "", tool_format="json", turn_order="lockstep")
+    with pytest.raises(ValueError, match="turn_order must be None, 'continuous' or 'lockstep'"):
+        TextEnvironment(tiny_model, tokenizer, {}, None, "", tool_format="json", turn_order="sideways")
     with pytest.raises(ValueError, match="tool_parser"):
         TextEnvironment(tiny_model, tokenizer, {}, None, "", tool_format="json", tool_parser="xml")
     env = TextEnvironment(tiny_model, tokenizer, {}, None, [{"role": "system", "content": "s"}] * 50, tool_format="json", max_length=64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 
@@ -37,3 +38,22 @@ def check_queries(queries: Any) -> None:
     for index, query in enumerate(queries):
         if not isinstance(query, str):
             raise TypeError(f"queries[{index}] must be a string, got {type(query).__name__}.")
+
+
+DEFAULT_MAX_TOOL_RESPONSE = 100
+
+
+def resolve_max_tool_response(legacy_value: int | None, value: int | None) -> int:
+    """TextEnvironment's longest tool response from its legacy spelling `max_tool_reponse` and `max_tool_response`."""
+    if legacy_value is not None and value is not None and legacy_value != value:
+        raise ValueError(
+            f"max_tool_reponse={legacy_value} and max_tool_response={value} disagree; pass only one "
+            "(max_tool_reponse is the legacy spelling of max_tool_response)."
+        )
+    chosen = value if value is not None else legacy_value
+    if chosen is None:
+        return DEFAULT_MAX_TOOL_RESPONSE
+    check_positive_int("max_tool_response", chosen)
+    if chosen < 4:
+        warnings.warn("max_tool_response < 4 leaves no room for the '...' truncation mark.", stacklevel=3)
+    return chosen

@@ -15,6 +15,7 @@ import torch
 from textenv.chat.renderer import Messages
 from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import Transcript
+from textenv.engine.engine import FINISH_EOS, FINISH_LENGTH, Completion
 from textenv.environment.history import TextHistory
 from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS, MAX_TURNS, Episode, StopRule
 from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS, JsonToolCalls, ToolCallRecord
@@ -66,9 +67,10 @@ class ChatToolEpisode(Episode):
         return history
 
 
-async def play_json_episodes(env, queries) -> list[TextHistory]:
-    """Play one JSON tool-call episode per query of a `TextEnvironment` on its engine; the first error
-    of an episode is raised (as in the tag format)."""
+async def play_json_episodes(env, queries, lockstep: bool = False) -> list[TextHistory]:
+    """Play one JSON tool-call episode per query of a `TextEnvironment`: on its engine, or with `lockstep`
+    in legacy order through its `generate` (see `turns_through_generate`); the first error of an episode
+    is raised (as in the tag format)."""
     chat: ChatTools = env._chat_tools
     calls = JsonToolCalls(env.tools, timeout=env.tool_timeout, max_response=env.max_tool_response)
     renderer = chat.renderer_for(calls.schemas())
@@ -82,7 +84,23 @@ async def play_json_episodes(env, queries) -> list[TextHistory]:
             )
         neutralize = lambda text: renderer.neutralize(text, OBSERVATION_CONTROL_STRINGS)  # noqa: E731
         episodes.append(ChatToolEpisode(transcript, calls, neutralize, env.max_turns, env.max_length, env.generation_kwargs))
-    return [episode.history() for episode in await env._play_episodes(episodes)]
+    return [episode.history() for episode in await env._play_episodes(episodes, lockstep=lockstep)]
+
+
+def turns_through_generate(env, contexts) -> list[Completion]:
+    """One model turn per context from `env.generate`, the tag format's contract: it is given a
+    `TextHistory` per episode (here the conversation and the assistant's generation prompt) and appends
+    the model's segment to each. A segment ending in the EOS token ends the turn as an EOS would."""
+    histories = [TextHistory(env.tokenizer.decode(context, skip_special_tokens=False), context.to(env.current_device)) for context in contexts]
+    histories = env.generate(histories)
+    return [_appended_turn(history, len(context), env.tokenizer.eos_token_id) for history, context in zip(histories, contexts)]
+
+
+def _appended_turn(history: TextHistory, context_length: int, eos_token_id) -> Completion:
+    token_ids = history.tokens[context_length:]
+    text = history.text[history.text_spans[1][0] :] if len(history.text_spans) > 1 else ""
+    ended_by_eos = len(token_ids) > 0 and eos_token_id is not None and int(token_ids[-1]) == eos_token_id
+    return Completion(token_ids, text, FINISH_EOS if ended_by_eos else FINISH_LENGTH)
 
 
 def opening_messages(prompt, query: str) -> Messages:

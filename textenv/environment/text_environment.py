@@ -7,12 +7,14 @@ The model writes ``<request><ToolName>query<call>``; the environment runs the to
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
 from textenv.chat.tool_chat import ChatTools
-from textenv.environment.chat_tools import play_json_episodes
+from textenv.asyncio_bridge import run_sync
+from textenv.environment.chat_tools import play_json_episodes, turns_through_generate
 from textenv.environment.history import TextHistory
 from textenv.environment.syntax import (
     CALL_TOKEN,
@@ -23,16 +25,16 @@ from textenv.environment.syntax import (
     neutralize,
     parse_tool_call,
 )
-from textenv.checks import check_positive_int, check_prompt, check_queries
+from textenv.checks import check_positive_int, check_prompt, check_queries, resolve_max_tool_response
 from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
+from textenv.episodes.lockstep import LockstepGenerator
 from textenv.logs import progress_bar
 from textenv.padding import ensure_pad_token
 from textenv.tools.base import tools_by_name
 from textenv.tools.json_calls import check_tool_format
 from textenv.tools.tag_calls import TagToolCalls
 
-DEFAULT_MAX_TOOL_RESPONSE = 100
 CONTINUOUS = "continuous"
 LOCKSTEP = "lockstep"
 
@@ -64,8 +66,9 @@ class TextEnvironment:
             `"Tool error: ... timed out"`.
         turn_order (`str`, *optional*): `"continuous"` plays every episode at its own pace on the
             generation engine; `"lockstep"` runs legacy TRL's order through `self.generate` (every active
-            episode's turn, then every tool call). `None` (default): continuous, unless `generate` is
-            overridden (a subclass, or patched as legacy tests do), which then runs in lockstep with a warning.
+            episode's turn, then every tool call), in both tool formats. `None` (default): continuous,
+            unless `generate` is overridden (a subclass, or patched as legacy tests do), which then runs in
+            lockstep with a warning.
         mixed_precision (`str`, *optional*): `"bf16"` (or `"fp16"`) decodes under `torch.autocast` in that
             dtype (opt-in: greedy episodes can differ from float32 ones; for GPUs, on CPU it measured slower,
             see [`GenerationEngine`]); `None` (default): the model's dtype.
@@ -119,14 +122,14 @@ class TextEnvironment:
         self.reward_fn = reward_fn
         self.prompt = prompt if prompt is not None else ""
         self.max_turns = max_turns
-        self.max_tool_response = _resolve_max_tool_response(max_tool_reponse, max_tool_response)
+        self.max_tool_response = resolve_max_tool_response(max_tool_reponse, max_tool_response)
         self.max_length = max_length
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
         self.batch_size = batch_size
         self.tool_timeout = tool_timeout
         self.progress = progress
-        if turn_order not in (None, CONTINUOUS, LOCKSTEP) or (tool_format == "json" and turn_order == LOCKSTEP):
-            raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r} (tags only), got {turn_order!r}.")
+        if turn_order not in (None, CONTINUOUS, LOCKSTEP):
+            raise ValueError(f"turn_order must be None, {CONTINUOUS!r} or {LOCKSTEP!r}, got {turn_order!r}.")
         self.turn_order = turn_order
         self._warned_lockstep = False
         self.request_token = REQUEST_TOKEN
@@ -160,9 +163,11 @@ class TextEnvironment:
             (1 = model token), the reward, and the `TextHistory`.
         """
         check_queries(queries)
+        lockstep = self._turn_order() == LOCKSTEP
         if self.tool_format == "json":
-            histories = self._engine_for_call().run_hosted(play_json_episodes(self, queries))
-        elif self._turn_order() == LOCKSTEP:
+            episodes = play_json_episodes(self, queries, lockstep=lockstep)
+            histories = run_sync(episodes) if lockstep else self._engine_for_call().run_hosted(episodes)
+        elif lockstep:
             histories = self._run_in_lockstep(self._start_histories(queries))
         else:
             histories = self._engine_for_call().run_hosted(self._play(self._start_histories(queries)))
@@ -215,11 +220,12 @@ class TextEnvironment:
         episodes = await self._play_episodes([_ToolEpisode(self, history) for history in histories])
         return [episode.history for episode in episodes]
 
-    async def _play_episodes(self, episodes: list[Episode]) -> list[Episode]:
-        """Play `episodes` on the engine (with the progress bar if asked); the first error of an episode
-        is raised, as legacy TRL raised it."""
+    async def _play_episodes(self, episodes: list[Episode], lockstep: bool = False) -> list[Episode]:
+        """Play `episodes` on the engine, or with `lockstep` round by round through `self.generate` (with
+        the progress bar if asked); the first error of an episode is raised, as legacy TRL raised it."""
+        generator = LockstepGenerator(partial(turns_through_generate, self), len(episodes)) if lockstep else self._engine_for_call()
         with progress_bar(len(episodes), self.progress) as bar:
-            await play_all([lambda episode=episode: episode for episode in episodes], self._engine_for_call(), len(episodes), lambda *_: bar.update())
+            await play_all([lambda episode=episode: episode for episode in episodes], generator, len(episodes), lambda *_: bar.update())
         for episode in episodes:
             if episode.failures:
                 raise episode.failures[0].error
@@ -279,7 +285,7 @@ class TextEnvironment:
         active = [index for index, history in enumerate(histories) if not history.completed]
         completions = self._engine_for_call().generate_batch(
             [histories[index].tokens for index in active],
-            stop_strings=(self.call_token, self.submit_token),
+            stop_strings=self._stop_strings(),
             generation_kwargs=self.generation_kwargs,
             batch_size=self.batch_size,
         )
@@ -291,11 +297,15 @@ class TextEnvironment:
         """Legacy helper: generate one turn per token tensor and return the new token ids only."""
         completions = self._engine_for_call().generate_batch(
             list(query_tensors),
-            stop_strings=(self.call_token, self.submit_token),
+            stop_strings=self._stop_strings(),
             generation_kwargs=self.generation_kwargs,
             batch_size=batch_size,
         )
         return [completion.token_ids for completion in completions]
+
+    def _stop_strings(self) -> tuple[str, ...]:
+        # A JSON turn ends at EOS (the template's end of turn); the tags end one at <call> or <submit>.
+        return () if self.tool_format == "json" else (self.call_token, self.submit_token)
 
     def _engine_for_call(self) -> GenerationEngine:
         # Attributes may be replaced after construction (env.model = ...); the engine follows them.
@@ -355,21 +365,6 @@ class TextEnvironment:
         for history, reward in zip(histories, rewards):
             history.reward = reward
         return histories
-
-
-def _resolve_max_tool_response(legacy_value: int | None, value: int | None) -> int:
-    if legacy_value is not None and value is not None and legacy_value != value:
-        raise ValueError(
-            f"max_tool_reponse={legacy_value} and max_tool_response={value} disagree; pass only one "
-            "(max_tool_reponse is the legacy spelling of max_tool_response)."
-        )
-    chosen = value if value is not None else legacy_value
-    if chosen is None:
-        return DEFAULT_MAX_TOOL_RESPONSE
-    check_positive_int("max_tool_response", chosen)
-    if chosen < 4:
-        warnings.warn("max_tool_response < 4 leaves no room for the '...' truncation mark.", stacklevel=3)
-    return chosen
 
 
 _BUILTIN_GENERATE = TextEnvironment.generate
