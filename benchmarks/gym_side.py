@@ -44,6 +44,7 @@ SCRIPTS = {
     "math": (MATH_SYSTEM_PROMPT, [f"What is {a} * {b}? Show your reasoning." for a, b in ((17, 23), (48, 12), (91, 7), (36, 36))], [MATH_RETRY_PROMPT]),
 }
 SCRIPT = "chat"
+NAIVE_PATH = "transformers generate (the naive loop, every turn)"
 
 
 def system() -> str:
@@ -97,7 +98,7 @@ def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
     results = scheduler.run(rows)
     seconds = time.perf_counter() - started
     replies = [[segment.tolist() for segment in _model_segments(episode.history)] for episode in results]
-    return _result(seconds, replies)
+    return _result(seconds, replies, str(scheduler.decoding_path))
 
 
 def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
@@ -120,7 +121,7 @@ def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
             conversations[index].append({"role": "assistant", "content": text})
             if turn < turns:
                 conversations[index].append({"role": "user", "content": follow_up(turn)})
-    return _result(time.perf_counter() - started, replies)
+    return _result(time.perf_counter() - started, replies, NAIVE_PATH)
 
 
 def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
@@ -157,7 +158,7 @@ def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
     started = time.perf_counter()
     *_, histories = env.run(openings)
     seconds = time.perf_counter() - started
-    return _result(seconds, [[segment.tolist() for segment in _model_segments(history)] for history in histories])
+    return _result(seconds, [[segment.tolist() for segment in _model_segments(history)] for history in histories], str(env.decoding_path))
 
 
 def _model_segments(history) -> list[torch.Tensor]:
@@ -166,9 +167,10 @@ def _model_segments(history) -> list[torch.Tensor]:
     return [history.tokens[start:end] for (start, end), system in zip(history.token_spans, history.system_spans) if not system]
 
 
-def _result(seconds: float, replies: list[list[list[int]]]) -> dict:
+def _result(seconds: float, replies: list[list[list[int]]], path: str) -> dict:
+    """One mode's measurement; `path` says what decoded its turns (the engine's loop or `generate`)."""
     tokens = sum(len(reply) for episode in replies for reply in episode)
-    return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_second": tokens / seconds,
+    return {"seconds": seconds, "generated_tokens": tokens, "tokens_per_second": tokens / seconds, "decoding_path": path,
             "turns": sum(len(episode) for episode in replies), "replies": replies, "peak_rss_mb": workload.peak_rss_mb()}
 
 

@@ -70,6 +70,7 @@ def summary_row(
         legacy_rss,
         textenv_rss,
         f"{ratio(textenv_rss, legacy_rss):.2f}x",
+        path_label(textenv),
     ]
     if model_flops is not None and ceiling is not None:
         legacy_gflops = model_flops["legacy"] / legacy_time / 1e9
@@ -98,7 +99,25 @@ SUMMARY_HEADER = [
     "legacy peak RSS MiB",
     "textenv peak RSS MiB",
     "memory ratio",
+    "textenv decoding path",
 ]
+
+
+def decoding_path(results: list[dict]) -> str:
+    """What decoded the turns of a side's runs (the same in every run), or "n/a" for a workload without
+    decoding (the PPO steps)."""
+    return results[0].get("decoding_path", "n/a") if results else "n/a"
+
+
+def path_label(results: list[dict]) -> str:
+    """`decoding_path` without the reason, for a table cell (`path_lines` gives the whole of it)."""
+    return decoding_path(results).split(" (")[0]
+
+
+def path_lines(labelled_results: dict[str, list[dict]]) -> list[str]:
+    """One line per workload whose turns were decoded, naming the path in full (with the reason, on the
+    `generate` fallback), for the text under the tables."""
+    return [f"{label}: {decoding_path(results)}" for label, results in labelled_results.items() if decoding_path(results) != "n/a"]
 
 
 def summary_header(with_flops: bool = False, bf16: bool = False) -> list[str]:
@@ -253,13 +272,15 @@ def gym_table(results: dict, episodes: int, turns: int) -> str:
     same_as_naive = scheduler[0]["replies"] == naive[0]["replies"]
     same_as_text_env = scheduler[0]["replies"] == text_env[0]["replies"]
     header = ["workload", "naive loop s", "GymScheduler s", "speed-up", "GymScheduler tok/s", "TextEnvironment s",
-              "TextEnvironment tok/s", "tok/s GymScheduler / TextEnvironment", "generated tokens", "peak RSS MiB (naive / Gym / TextEnv)"]
+              "TextEnvironment tok/s", "tok/s GymScheduler / TextEnvironment", "generated tokens", "peak RSS MiB (naive / Gym / TextEnv)",
+              "decoding path (Gym / TextEnv)"]
     row = [
         f"gym ({episodes} episodes x {turns} turns, `{results.get('script', 'chat')}` env)",
         seconds["naive"], seconds["scheduler"], f"**{ratio(seconds['naive'], seconds['scheduler']):.2f}x**",
         rate["scheduler"], seconds["text-env"], rate["text-env"], f"{rate['scheduler'] / rate['text-env']:.2f}",
         scheduler[0]["generated_tokens"],
         " / ".join(f"{median([run['peak_rss_mb'] for run in results[mode]]):.0f}" for mode in ("naive", "scheduler", "text-env")),
+        f"{path_label(scheduler)} / {path_label(text_env)}",
     ]
     checks = (
         f"gym: every reply's token ids equal between GymScheduler and the naive loop: {same_as_naive}; "

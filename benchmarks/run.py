@@ -280,6 +280,11 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     if "turns" in raw:
         parts += ["How cost grows with turns (`turns` workload):", "", report.turns_table(raw["turns"]["legacy"], raw["turns"]["textenv"], list(TURNS)), ""]
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes]
+    decoded = {name: raw[name]["textenv"] for name in ("rollout", "turns") if name in raw}
+    if "gym" in raw:
+        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", "naive")})
+    if decoded:
+        parts += ["", "What decoded the turns:", ""] + [f"- {line}" for line in report.path_lines(decoded)]
     side_results = any_workload_results(raw)
     if "legacy" in side_results:
         versions = {side: results[0]["versions"] for side, results in side_results.items()}

@@ -59,7 +59,7 @@ def run_rollout(inputs: dict, max_turns_list: list[int], bf16: bool = False) -> 
     for max_turns in max_turns_list:
         env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16)
         runs.append(workload.timed_run(env, inputs, time_turns=False))  # as users run it: episodes at own pace
-    return {"runs": runs, "peak_rss_mb": workload.peak_rss_mb()}
+    return {"runs": runs, "peak_rss_mb": workload.peak_rss_mb(), "decoding_path": str(env.decoding_path)}
 
 
 def make_ppo_batch(inputs: dict) -> dict:

@@ -126,3 +126,16 @@ def test_the_probe_leaves_the_random_generator_and_the_weights_alone(tokenizer):
 def test_anything_but_a_transformers_decoder_is_not_for_the_loop(model):
     path = decoding_path(model)
     assert path == DecodingPath(fast=False, reason=path.reason) and path.reason
+
+
+def test_both_front_ends_say_which_path_decodes_their_model(tiny_model, tokenizer):
+    from textenv import TextEnvironment
+    from textenv.gym import GymScheduler
+
+    sliding = tiny_sliding_window_model()
+    for model, fast in ((tiny_model, True), (sliding, False)):
+        environment = TextEnvironment(model, tokenizer, {}, None, "", generation_kwargs=GREEDY)
+        scheduler = GymScheduler(model, tokenizer, gym_env="math_env", generation_kwargs=GREEDY)
+        assert environment.decoding_path is scheduler.decoding_path is decoding_path(model)
+        assert environment.decoding_path.fast is fast
+    assert "sliding window" in GymScheduler(sliding, tokenizer, gym_env="math_env").decoding_path.reason

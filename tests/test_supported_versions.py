@@ -1,6 +1,7 @@
-"""The installed transformers lies inside the range pyproject.toml declares, so a virtual environment
-outside it fails here, loudly, instead of somewhere obscure. `make test` runs the suite at both ends of
-that range: in .venv (the newest release) and in .venv-lower (the pin in .ci/lower-bounds.txt)."""
+"""The installed transformers, trl, accelerate and peft lie inside the ranges pyproject.toml declares, so a
+virtual environment outside them fails here, loudly, instead of somewhere obscure. `make test` runs the suite
+at both ends of each range: in .venv (the newest releases) and in .venv-lower (the pins in
+.ci/lower-bounds.txt); every range has an upper bound, the newest minor release the suite has passed on."""
 
 from importlib.metadata import version
 from pathlib import Path
@@ -27,24 +28,44 @@ def declared_specifier(name):
     raise AssertionError(f"pyproject.toml does not list {name}")
 
 
-def test_installed_transformers_is_inside_the_declared_range():
-    specifier = declared_specifier("transformers")
-    installed = version("transformers")
-    assert specifier.contains(installed, prereleases=True), (
-        f"transformers {installed} is installed, but pyproject.toml supports only transformers{specifier}"
-    )
+# The packages whose internals textenv uses: each has a range checked at both ends.
+CHECKED_PACKAGES = ("transformers", "trl", "accelerate", "peft")
 
 
-def test_lower_bound_venv_pins_the_declared_minimum():
-    # .venv-lower must test the range's own lower bound: the pin and the `>=` move together.
+def lower_bound_pins():
+    """The `==` pins of .ci/lower-bounds.txt, by package name."""
     pins = {}
     for line in (ROOT / ".ci" / "lower-bounds.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             requirement = Requirement(line)
             pins[requirement.name] = requirement.specifier
-    (pin,) = pins["transformers"]
-    (minimum,) = [spec for spec in declared_specifier("transformers") if spec.operator == ">="]
+    return pins
+
+
+@pytest.mark.parametrize("name", CHECKED_PACKAGES)
+def test_installed_release_is_inside_the_declared_range(name):
+    specifier = declared_specifier(name)
+    installed = version(name)
+    assert specifier.contains(installed, prereleases=True), (
+        f"{name} {installed} is installed, but pyproject.toml supports only {name}{specifier}"
+    )
+
+
+@pytest.mark.parametrize("name", CHECKED_PACKAGES)
+def test_range_has_a_tested_upper_bound(name):
+    # An open range lets `pip install textenv` resolve to a release no CI run has seen.
+    operators = {spec.operator for spec in declared_specifier(name)}
+    assert "<" in operators, f"pyproject.toml declares {name}{declared_specifier(name)}: give it the `<` bound CI has passed on"
+
+
+@pytest.mark.parametrize("name", CHECKED_PACKAGES)
+def test_lower_bound_venv_pins_the_declared_minimum(name):
+    # .venv-lower must test each range's own lower bound: the pin and the `>=` move together.
+    pins = lower_bound_pins()
+    assert name in pins, f".ci/lower-bounds.txt does not pin {name}: pin it to its range's minimum"
+    (pin,) = pins[name]
+    (minimum,) = [spec for spec in declared_specifier(name) if spec.operator == ">="]
     assert pin.operator == "==" and Version(pin.version) == Version(minimum.version), (
-        f".ci/lower-bounds.txt pins transformers{pin}, pyproject.toml declares transformers{minimum}"
+        f".ci/lower-bounds.txt pins {name}{pin}, pyproject.toml declares {name}{minimum}"
     )

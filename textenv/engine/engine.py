@@ -123,7 +123,7 @@ class GenerationEngine:
     def decoding_path(self) -> DecodingPath:
         """How the current model's turns are decoded (probed once per model, see `fast_path.py`); a
         generation setting the loop does not implement still sends its turns to `generate`."""
-        return decoding_path(decoding_model(self.model))
+        return self._probed_path(decoding_model(self.model))
 
     @property
     def fast_path(self) -> bool:
@@ -233,7 +233,7 @@ class GenerationEngine:
     def _loop_settings(self, model, kwargs: dict) -> SamplingSettings | None:
         """The loop's settings for a turn with `kwargs`, or `None` when `generate` must serve it (the model
         does not qualify, or a setting is not implemented: logged once per setting)."""
-        if not decoding_path(model).fast:
+        if not self._probed_path(model).fast:
             return None
         generation_config = getattr(model, "generation_config", None)
         settings = SamplingSettings.from_kwargs(generation_config, kwargs, DEFAULT_MAX_NEW_TOKENS)
@@ -310,7 +310,7 @@ class GenerationEngine:
     def _serve(self, max_rows: int) -> None:
         """The decoding thread: admit, step, retire, until nothing is running or waiting."""
         model, fast_model = unwrap_model(self.model), decoding_model(self.model)
-        cache_argument = decoding_path(fast_model).cache_argument
+        cache_argument = self._probed_path(fast_model).cache_argument
         decoder = ContinuousDecoder(fast_model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, cache_argument, self.reuse_cache)
         try:
             with torch.inference_mode(), self._autocast(model):
@@ -335,6 +335,14 @@ class GenerationEngine:
             for request in stranded:
                 request.done(None, error)
             raise
+
+    def _probed_path(self, model) -> DecodingPath:
+        """`decoding_path(model)`, probed (once per model) in the precision this engine decodes in, so that the
+        probe's two tiny forwards run as the loop's would."""
+        if not isinstance(model, torch.nn.Module) or next(model.parameters(), None) is None:
+            return decoding_path(model)
+        with self._autocast(model):
+            return decoding_path(model)
 
     def _autocast(self, model) -> torch.autocast:
         # One context for the whole serving loop: autocast keeps the half-precision copy of each weight until

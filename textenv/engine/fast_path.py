@@ -6,7 +6,8 @@ The loop feeds a model a KV cache of its own (`kv_cache.growing_cache`), `positi
 (two tokens, then one more on top of them) through each candidate argument and keeps the first one whose
 cache then holds all three tokens. transformers' own cache API tells whether that cache is a plain per-layer
 KV cache (no sliding window, no recurrent state). A model that fails is served by `generate`, and
-`DecodingPath.reason` says why.
+`DecodingPath.reason` says why. The probe runs once per model, when an engine first needs the answer, in the
+engine's precision; its forwards are real ones (a forward hook sees them), on three tokens.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from textenv.environment.syntax import (
 )
 from textenv.checks import check_positive_int, check_prompt, check_queries, resolve_max_tool_response
 from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
+from textenv.engine.fast_path import DecodingPath
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
 from textenv.episodes.lockstep import LockstepGenerator
 from textenv.logs import progress_bar
@@ -313,6 +314,12 @@ class TextEnvironment:
         self._engine.tokenizer = self.tokenizer
         self._engine.batch_size = self.batch_size
         return self._engine
+
+    @property
+    def decoding_path(self) -> DecodingPath:
+        """How the engine decodes the current model's turns: its own loop, or transformers' `generate` with
+        the reason (`GenerationEngine.decoding_path`). Turns through an overridden `generate` bypass it."""
+        return self._engine_for_call().decoding_path
 
     # ------------------------------------------------------------------ ending and rewards
     def task_end_check(self, history: TextHistory, model_turn: bool = True) -> tuple[bool, bool]:

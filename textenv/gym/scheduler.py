@@ -20,6 +20,7 @@ from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import check_loss_scale
 from textenv.checks import check_positive_int
 from textenv.engine.engine import Completion, GenerationEngine, autocast_dtype
+from textenv.engine.fast_path import DecodingPath
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
 from textenv.gym.completions import CompletionsLog
@@ -161,6 +162,12 @@ class GymScheduler:
         self._engine.generation_kwargs = self.generation_kwargs
         self._engine.batch_size = self.batch_size
         return self._engine
+
+    @property
+    def decoding_path(self) -> DecodingPath:
+        """How the engine decodes the current model's turns: its own loop, or transformers' `generate` with
+        the reason (`GenerationEngine.decoding_path`). A `policy` or an overridden `generate` bypasses it."""
+        return self._engine_for_call().decoding_path
 
     def _generator(self):
         """The engine (continuous batching), or batches through `generate` when a `policy` is given or

@@ -1,0 +1,51 @@
+"""The benchmarks say what decoded each figure's turns: the gym workload's modes record their decoding path
+(run for real on a tiny model) and the report prints it beside the figures, with the reason on a fallback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from textenv.engine.fast_path import GENERATE, LOOP
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import report  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory, tokenizer):
+    from textenv.models import tiny_causal_lm
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_causal_lm(seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def gym_side(mode: str, model_folder: Path) -> dict:
+    command = [sys.executable, str(BENCHMARKS / "gym_side.py"), "--mode", mode, "--model-path", str(model_folder),
+               "--episodes", "2", "--turns", "2", "--max-new-tokens", "3", "--threads", "1"]
+    output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=BENCHMARKS).stdout
+    (line,) = [line for line in output.splitlines() if line.startswith("BENCH_RESULT ")]
+    return json.loads(line.removeprefix("BENCH_RESULT "))
+
+
+def test_gym_modes_record_what_decoded_their_turns(tiny_model_folder):
+    results = {mode: [gym_side(mode, tiny_model_folder)] for mode in ("scheduler", "naive", "text-env")}
+    assert results["scheduler"][0]["decoding_path"] == LOOP
+    assert results["text-env"][0]["decoding_path"] == LOOP
+    assert results["naive"][0]["decoding_path"].startswith(GENERATE)
+    table = report.gym_table(results, episodes=2, turns=2)
+    assert table.splitlines()[0].endswith("| decoding path (Gym / TextEnv) |")
+    assert table.splitlines()[2].endswith(f"| {LOOP} / {LOOP} |")
+
+
+def test_a_fallback_is_printed_with_its_reason():
+    fallback = f"{GENERATE} (its cache has DynamicSlidingWindowLayer layers)"
+    runs = {"rollout": [{"decoding_path": fallback}], "turns": [{"decoding_path": LOOP}], "ppo-step": [{}]}
+    assert report.path_label(runs["rollout"]) == GENERATE
+    assert report.path_lines(runs) == [f"rollout: {fallback}", f"turns: {LOOP}"]
