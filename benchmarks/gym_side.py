@@ -65,13 +65,13 @@ def greedy_kwargs() -> dict:
     return {"do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "temperature": None, "top_p": None, "top_k": None}
 
 
-def load(model_path: str):
+def load(model_path: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     from textenv.models import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     return model, tokenizer
 
 
@@ -109,7 +109,7 @@ def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
     started = time.perf_counter()
     for turn in range(1, turns + 1):
         contexts = [torch.tensor(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]) for chat in conversations]
-        input_ids, attention_mask = left_pad(contexts, tokenizer.pad_token_id)
+        input_ids, attention_mask = (tensor.to(model.device) for tensor in left_pad(contexts, tokenizer.pad_token_id))
         with torch.no_grad():
             output = model.generate(input_ids=input_ids, attention_mask=attention_mask, pad_token_id=tokenizer.pad_token_id,
                                     eos_token_id=tokenizer.eos_token_id, **greedy_kwargs())
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
+    parser.add_argument("--device", default="cpu", help="where the model runs (default: cpu; `cuda` for GPU figures)")
     args = parser.parse_args()
     global SCRIPT, MAX_NEW_TOKENS
     SCRIPT, MAX_NEW_TOKENS = args.script, args.max_new_tokens
@@ -191,9 +192,11 @@ def main() -> None:
         from textenv.models import bundled_model_path
 
         args.model_path = str(bundled_model_path())
-    model, tokenizer = load(args.model_path)
+    model, tokenizer = load(args.model_path, args.device)
     runner = {"scheduler": run_scheduler, "naive": run_naive, "text-env": run_text_env}[args.mode]
     runner(model, tokenizer, 2, 1)  # warm-up
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     workload.emit(runner(model, tokenizer, args.episodes, args.turns))
 
 

@@ -56,6 +56,8 @@ def parse_args() -> argparse.Namespace:
         "PPOConfig(accelerator_kwargs={'mixed_precision': 'bf16'})); legacy always runs in fp32",
     )
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
+    parser.add_argument("--gym-episodes", type=int, default=GYM_EPISODES, help="the gym workload's episodes (default: %(default)s)")
+    parser.add_argument("--gym-turns", type=int, default=GYM_TURNS, help="the gym workload's turns per episode (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
     return parser.parse_args()
@@ -82,7 +84,7 @@ def main() -> None:
             run_side(sides["textenv"], "make-value-head", inputs["ppo-step"], threads=args.threads)
         for name in args.workloads:
             if name == "gym":
-                raw[name] = measure_gym(repeats, args.threads, args.gym_script)
+                raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns)
                 continue
             if name == "ppo-step":
                 run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
@@ -164,18 +166,18 @@ def model_flops(name: str, results: dict[str, list[dict]], inputs: Path, config:
     return {side: flops.rollout_flops(config, results[side][0]["runs"][run_index]["episodes"]) for side in ("legacy", "textenv")}
 
 
-def measure_gym(repeats: int, threads: int, script: str) -> dict[str, list[dict]]:
+def measure_gym(repeats: int, threads: int, script: str, episodes: int = GYM_EPISODES, turns: int = GYM_TURNS) -> dict[str, list[dict]]:
     """The gym workload on the main venv: a naive per-turn loop, GymScheduler and TextEnvironment on the
-    same episodes, each `repeats` times in fresh processes, the order rotated every repeat."""
+    same `episodes` x `turns`, each `repeats` times in fresh processes, the order rotated every repeat."""
     results: dict[str, list[dict]] = {mode: [] for mode in GYM_MODES}
     side = (sys.executable, HERE / "gym_side.py")
     for repeat in range(repeats):
         order = GYM_MODES[repeat % 3 :] + GYM_MODES[: repeat % 3]
         for mode in order:
             print(f"[gym] run {repeat + 1}/{repeats}: {mode} ...", file=sys.stderr, flush=True)
-            extra = ["--mode", mode, "--script", script, "--episodes", str(GYM_EPISODES), "--turns", str(GYM_TURNS)]
+            extra = ["--mode", mode, "--script", script, "--episodes", str(episodes), "--turns", str(turns)]
             results[mode].append(run_side(side, None, None, extra, threads))
-    results["script"] = script
+    results.update(script=script, episodes=episodes, turns=turns)
     return results
 
 
@@ -219,6 +221,10 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     command += " --bf16" if bf16 else ""
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
+    gym = raw.get("gym", {})
+    for flag, value, default in (("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
+                                 ("--gym-turns", gym.get("turns"), GYM_TURNS)):
+        command += f" {flag} {value}" if value not in (None, default) else ""
     precision = (
         "textenv ran in bf16 mixed precision, legacy in fp32" if bf16 else "both sides in fp32"
     )
@@ -276,7 +282,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             "",
         ]
     if "gym" in raw:
-        parts += [report.gym_table(raw["gym"], GYM_EPISODES, GYM_TURNS), ""]
+        parts += [report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)), ""]
     if "turns" in raw:
         parts += ["How cost grows with turns (`turns` workload):", "", report.turns_table(raw["turns"]["legacy"], raw["turns"]["textenv"], list(TURNS)), ""]
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes]

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 
 from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from textenv.testing import tiny_causal_lm
@@ -24,11 +25,19 @@ def _trainer(model, **accelerator_kwargs):
         return PPOTrainer(config, model)
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    AcceleratorState._reset_state(True)  # the device and mixed precision are process-wide state in accelerate
+    yield
+    AcceleratorState._reset_state(True)
+
+
 @pytest.mark.cuda
 def test_bf16_mixed_precision_step_on_cuda():
     base = tiny_causal_lm(seed=0)
     torch.manual_seed(0)
     cpu_stats = _trainer(AutoModelForCausalLMWithValueHead(copy.deepcopy(base)), cpu=True).step(QUERIES, RESPONSES, SCORES, MASKS)
+    AcceleratorState._reset_state(True)  # a second Accelerator with other settings is refused otherwise
     torch.manual_seed(0)
     trainer = _trainer(AutoModelForCausalLMWithValueHead(copy.deepcopy(base)), mixed_precision="bf16")
     assert trainer.current_device.type == "cuda"
