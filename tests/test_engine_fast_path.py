@@ -139,3 +139,30 @@ def test_both_front_ends_say_which_path_decodes_their_model(tiny_model, tokenize
         assert environment.decoding_path is scheduler.decoding_path is decoding_path(model)
         assert environment.decoding_path.fast is fast
     assert "sliding window" in GymScheduler(sliding, tokenizer, gym_env="math_env").decoding_path.reason
+
+
+def test_the_probe_never_undoes_a_random_draw_made_by_episodes_meanwhile(tiny_model, tokenizer):
+    # The probe saves and restores torch's random state; while it ran in the decoding thread, a draw the episodes'
+    # thread made meanwhile (an episode's run seed) was undone, and the next rollout repeated its randomness.
+    import asyncio
+    import time
+
+    def slow_probe(module, args, kwargs):
+        if not kwargs["input_ids"].any():  # the probe feeds zeros
+            time.sleep(0.3)
+
+    tiny_model.register_forward_pre_hook(slow_probe, with_kwargs=True)
+    engine = GenerationEngine(tiny_model, tokenizer, GREEDY)
+
+    async def episodes():
+        await asyncio.sleep(0.05)
+        drawn = torch.rand(1)
+        await engine.generate(contexts(tokenizer)[0], episode=object())
+        return drawn
+
+    torch.manual_seed(0)
+    drawn = engine.run_hosted(episodes())
+    after = torch.rand(1)
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    assert torch.equal(torch.cat([drawn, after]), expected)

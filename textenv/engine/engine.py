@@ -270,6 +270,9 @@ class GenerationEngine:
         cores, a second thread's OpenMP team makes every team wait passively (about 20% slower here).
         Falls back to `run_sync` (decoding in the engine's own thread) when another call is decoding.
         """
+        # Probe now, before the episodes' thread starts: the probe keeps torch's random state by saving and
+        # restoring it, which would undo a draw the episodes made meanwhile.
+        self._probed_path(decoding_model(self.model))
         with self._lock:
             busy = self._worker is not None
             if not busy:
