@@ -22,6 +22,7 @@ import warnings
 import torch
 
 import workload
+from textenv.engine.fast_path import GENERATE
 from textenv.gym.builtin import MATH_RETRY_PROMPT, MATH_SYSTEM_PROMPT
 
 warnings.filterwarnings("ignore")
@@ -44,7 +45,7 @@ SCRIPTS = {
     "math": (MATH_SYSTEM_PROMPT, [f"What is {a} * {b}? Show your reasoning." for a, b in ((17, 23), (48, 12), (91, 7), (36, 36))], [MATH_RETRY_PROMPT]),
 }
 SCRIPT = "chat"
-NAIVE_PATH = "transformers generate (the naive loop, every turn)"
+NAIVE_PATH = f"{GENERATE} (the naive loop, every turn)"
 
 
 def system() -> str:
