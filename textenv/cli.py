@@ -7,6 +7,7 @@ spellings of every option). ``textenv COMMAND --help`` lists a command's options
     textenv demo    [--quick] [--budget_minutes M] [--tool_format json] [any Settings option]
     textenv train   --task calculator|gym [--dataset rows.jsonl] [--config run.yaml] [PPOConfig / ModelConfig options]
     textenv rollout --model M --dataset rows.jsonl --gym_env NAME --max_turns N --output completions.jsonl
+    textenv serve   --model PATH|bundled --port PORT [--dtype float32]   (a vLLM server for --engine vllm)
     textenv view    PATH [--output page.html] [--serve]   (PATH: a run directory or a .jsonl file of episodes)
 """
 
@@ -31,6 +32,7 @@ SUBCOMMANDS: Dict[str, Subcommand] = {
     "demo": Subcommand("textenv.demo", "train the calculator agent on the bundled model and report held-out accuracy (the main job)"),
     "train": Subcommand("textenv.training.command", "PPO training of a TextEnvironment task or a Gym dataset: checkpoints, resume, trackers, hub"),
     "rollout": Subcommand("textenv.gym.command", "play Gym episodes with a model and append them to completions.jsonl"),
+    "serve": Subcommand("textenv.vllm.server", "start a vLLM server for a model (from .venv-vllm, see `make vllm`) for --engine vllm"),
     "view": Subcommand("textenv.view.command", "one HTML page of a run: reward and tool-call curves, filterable episodes, their text and tokens"),
 }
 

@@ -18,6 +18,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from textenv.engine.backends import ENGINES, VLLM_MODES
 from textenv.logs import LOG_LEVELS
 
 TOOL_FORMATS = ("tags", "json")
@@ -49,6 +50,12 @@ class EpisodeArguments:
     )
     tool_format: str = field(default="tags", metadata={"help": "'tags' (<request><Tool>...<call>) or 'json' (the chat template's tool calls)"})
     tool_parser: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: hermes, qwen, llama3 or mistral (default: the chat template's)"})
+    engine: str = field(default="textenv", metadata={"help": "what generates the turns: 'textenv' (in-process engine) or 'vllm'"})
+    vllm_server_url: Optional[str] = field(
+        default=None, metadata={"help": "--engine vllm: the server(s), comma-separated (none: textenv starts one for the model, see `textenv serve`)"}
+    )
+    vllm_mode: str = field(default="server", metadata={"help": "--engine vllm: 'server' (HTTP) or 'colocate' (vLLM in this process)"})
+    vllm_dtype: str = field(default="float32", metadata={"help": "--engine vllm without --vllm_server_url: the started server's --dtype"})
 
     def __post_init__(self) -> None:
         if self.tool_format not in TOOL_FORMATS:
@@ -61,6 +68,24 @@ class EpisodeArguments:
             raise ValueError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
         if self.max_new_tokens is None:
             self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[self.tool_format]
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {list(ENGINES)}, got {self.engine!r}.")
+        if self.vllm_mode not in VLLM_MODES:
+            raise ValueError(f"--vllm_mode must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}.")
+
+    def engine_options(self, model) -> dict[str, Any]:
+        """The front ends' engine arguments (`engine`, `vllm_server_url`, `vllm_mode`, `mixed_precision`). With
+        `--engine vllm` in server mode and no `--vllm_server_url`, a vLLM server for `model`'s folder is started
+        (once per process, stopped at exit; `textenv.vllm.server.shared_server`)."""
+        if self.engine != "vllm":
+            return {"engine": self.engine, "mixed_precision": self.mixed_precision}
+        url = self.vllm_server_url
+        if url is None and self.vllm_mode == "server":
+            from textenv.vllm.server import model_folder, shared_server
+
+            url = shared_server(model_folder(model), self.vllm_dtype).url
+        # The PPO step still runs in --mixed_precision; the server decodes in its own dtype.
+        return {"engine": "vllm", "vllm_server_url": url, "vllm_mode": self.vllm_mode, "mixed_precision": None}
 
     def generation_kwargs(self) -> dict[str, Any]:
         """`generate` keyword arguments: the legacy examples' sampling (no top-k / top-p) at `temperature`,
@@ -106,8 +131,8 @@ class GymArguments:
             step_timeout=self.step_timeout,
             max_length=self.max_length,
             external_plugins=self.external_plugins,
-            mixed_precision=episode.mixed_precision,
             tool_parser=episode.tool_parser,
+            **episode.engine_options(model),
         )
 
 

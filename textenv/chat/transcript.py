@@ -24,11 +24,13 @@ LOSS_SCALES = ("last_round", "default", "all")
 
 @dataclass
 class Segment:
-    """Text and its token ids; `generated` marks exact model output in the context it was generated in."""
+    """Text and its token ids; `generated` marks exact model output in the context it was generated in, and
+    `logprobs` are the engine's log-probabilities of those ids (`None`: not reported)."""
 
     text: str
     tokens: torch.Tensor
     generated: bool = False
+    logprobs: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -114,7 +116,8 @@ class Transcript:
             closing = closing[len(eos_text) :]
         message = self._assistant_message(content)
         generated_ids = completion.token_ids.detach().cpu().long()
-        segments = [prompt, Segment(completion.text, generated_ids, generated=len(generated_ids) > 0)]
+        logprobs = _turn_logprobs(completion, len(generated_ids))
+        segments = [prompt, Segment(completion.text, generated_ids, generated=len(generated_ids) > 0, logprobs=logprobs)]
         if closing:
             segments.append(Segment(closing, self.renderer.encode(closing)))
         self.entries.append(Entry(message, segments))
@@ -178,7 +181,7 @@ class Transcript:
                 continue
             history = _flush(history, pending_text, pending_tokens)
             pending_text, pending_tokens = "", []
-            history.append_segment(segment.text, segment.tokens, system=False)
+            history.append_segment(segment.text, segment.tokens, system=False, logprobs=segment.logprobs)
         return _flush(history, pending_text, pending_tokens) if pending_tokens else history
 
 
@@ -192,6 +195,20 @@ def turns_of(messages: Messages) -> List[Messages]:
         else:
             turns.append([message])
     return turns
+
+
+def _turn_logprobs(completion: Completion, num_tokens: int) -> Optional[torch.Tensor]:
+    """The completion's per-token log-probabilities on the CPU (`None` if the engine gave none).
+
+    Raises:
+        ValueError: they are not one per generated token.
+    """
+    if completion.logprobs is None:
+        return None
+    logprobs = completion.logprobs.detach().cpu().float().reshape(-1)
+    if len(logprobs) != num_tokens:
+        raise ValueError(f"completion.logprobs has {len(logprobs)} values for {num_tokens} token ids.")
+    return logprobs
 
 
 def _flush(history: Optional[TextHistory], text: str, tokens: List[torch.Tensor]) -> TextHistory:

@@ -52,11 +52,15 @@ class Completion:
         token_ids (`torch.LongTensor`): the generated ids, 1-D, up to and including the stop token.
         text (`str`): their decoded text (special tokens kept).
         finish_reason (`str`): `"stop"` (a stop string), `"eos"` or `"length"` (token budget reached).
+        logprobs (`torch.FloatTensor`, *optional*): the log-probability the engine gave each generated
+            token when it sampled it, 1-D like `token_ids`; `None` when the engine does not report them (the
+            in-process engine). The vLLM backend reports them.
     """
 
     token_ids: torch.Tensor
     text: str
     finish_reason: str
+    logprobs: torch.Tensor | None = None
 
 
 MIXED_PRECISION_DTYPES = {None: None, "no": None, "bf16": torch.bfloat16, "fp16": torch.float16}

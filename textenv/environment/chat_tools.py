@@ -100,7 +100,9 @@ def _appended_turn(history: TextHistory, context_length: int, eos_token_id) -> C
     token_ids = history.tokens[context_length:]
     text = history.text[history.text_spans[1][0] :] if len(history.text_spans) > 1 else ""
     ended_by_eos = len(token_ids) > 0 and eos_token_id is not None and int(token_ids[-1]) == eos_token_id
-    return Completion(token_ids, text, FINISH_EOS if ended_by_eos else FINISH_LENGTH)
+    logprobs = history.token_logprobs[context_length:]
+    logprobs = None if bool(logprobs.isnan().all()) else logprobs  # the engine reported none
+    return Completion(token_ids, text, FINISH_EOS if ended_by_eos else FINISH_LENGTH, logprobs=logprobs)
 
 
 def opening_messages(prompt, query: str) -> Messages:

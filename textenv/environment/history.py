@@ -22,6 +22,9 @@ class TextHistory:
         text (`str`): all segments' text, concatenated.
         tokens (`torch.LongTensor`): all segments' token ids, concatenated, 1-D.
         token_masks (`torch.LongTensor`): 1 for model tokens, 0 otherwise; same length as `tokens`.
+        token_logprobs (`torch.FloatTensor`): the log-probability the inference engine gave each token when
+            it sampled it, same length as `tokens`; NaN where unknown (system tokens, or a model segment
+            appended without `logprobs`).
         text_spans (`list[tuple[int, int]]`): each segment's `(start, end)` character offsets in `text`.
         token_spans (`list[tuple[int, int]]`): each segment's `(start, end)` offsets in `tokens`.
         system_spans (`list[bool]`): for each segment, whether it is system text.
@@ -41,6 +44,7 @@ class TextHistory:
         self.text_spans: list[tuple[int, int]] = []
         self.token_spans: list[tuple[int, int]] = []
         self.token_masks = torch.empty(0, dtype=torch.long, device=tokens.device)
+        self.token_logprobs = torch.empty(0, dtype=torch.float, device=tokens.device)
         self.text = ""
         self.tokens = torch.empty(0, dtype=torch.long, device=tokens.device)
         self.completed = False
@@ -49,21 +53,24 @@ class TextHistory:
         self.info: dict[str, Any] = {}
         self.append_segment(text, tokens, system=system)
 
-    def append_segment(self, text: str, tokens: torch.Tensor, system: bool = True) -> None:
+    def append_segment(self, text: str, tokens: torch.Tensor, system: bool = True, logprobs: Any = None) -> None:
         """Append a segment.
 
         Args:
             text (`str`): the segment's text.
             tokens (`torch.LongTensor`): its exact token ids, 1-D.
             system (`bool`, defaults to `True`): system text (mask 0) or model output (mask 1).
+            logprobs (`torch.FloatTensor`, *optional*): the engine's log-probability of each of `tokens` when
+                it sampled them (`Completion.logprobs`), 1-D; stored in `token_logprobs` (NaN when `None`).
 
         Raises:
-            ValueError: the text or the token list is empty.
+            ValueError: the text or the token list is empty, or `logprobs` is not 1-D of `len(tokens)`.
         """
         tokens = _as_token_tensor(tokens)
         if len(text) == 0 or len(tokens) == 0:
             raise ValueError("Can't append empty text or token list to history.")
         tokens = tokens.to(self.tokens.device)
+        segment_logprobs = _as_logprob_tensor(logprobs, len(tokens)).to(self.tokens.device)
         text_start, token_start = len(self.text), len(self.tokens)
         self.text += text
         self.text_spans.append((text_start, len(self.text)))
@@ -71,6 +78,7 @@ class TextHistory:
         self.tokens = torch.cat((self.tokens, tokens))
         segment_mask = torch.zeros_like(tokens) if system else torch.ones_like(tokens)
         self.token_masks = torch.cat((self.token_masks, segment_mask))
+        self.token_logprobs = torch.cat((self.token_logprobs, segment_logprobs))
         self.token_spans.append((token_start, len(self.tokens)))
 
     def complete(self, truncated: bool = False) -> None:
@@ -101,6 +109,11 @@ class TextHistory:
         """
         split = self.token_spans[0][1]
         return self.tokens[:split], self.tokens[split:], self.token_masks[split:]
+
+    def response_logprobs(self) -> torch.Tensor:
+        """The engine's log-probabilities of the response tokens of `split_query_response_tokens()` (same
+        length as its response; NaN where unknown), e.g. `rollout_logprobs` for `PPOTrainer.step`."""
+        return self.token_logprobs[self.token_spans[0][1] :]
 
     # Rendering lives in its own module; these are the legacy entry points.
     def show_text(self, show_legend: bool = False, console=None) -> None:
@@ -136,6 +149,21 @@ class TextHistory:
             f"model_tokens={int(self.token_masks.sum())}, completed={self.completed}, "
             f"truncated={self.truncated}, reward={self.reward!r})"
         )
+
+
+def _as_logprob_tensor(logprobs: Any, length: int) -> torch.Tensor:
+    """`logprobs` as a 1-D float tensor of `length` (all NaN for `None`)."""
+    if logprobs is None:
+        return torch.full((length,), float("nan"))
+    if not isinstance(logprobs, torch.Tensor):
+        logprobs = torch.as_tensor(list(logprobs), dtype=torch.float)
+    logprobs = logprobs.detach().float()
+    if logprobs.dim() != 1 or len(logprobs) != length:
+        raise ValueError(
+            f"logprobs must be a 1-D tensor with one log-probability per token of the segment ({length}), "
+            f"got shape {tuple(logprobs.shape)}."
+        )
+    return logprobs
 
 
 def _as_token_tensor(tokens: Any) -> torch.Tensor:

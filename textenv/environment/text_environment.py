@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from textenv.chat.tool_chat import ChatTools
 from textenv.asyncio_bridge import run_sync
 from textenv.environment.chat_tools import play_json_episodes, turns_through_generate
+from textenv.environment.ending import EndingAndRewards
 from textenv.environment.history import TextHistory
 from textenv.environment.syntax import (
     CALL_TOKEN,
@@ -26,7 +27,8 @@ from textenv.environment.syntax import (
     parse_tool_call,
 )
 from textenv.checks import check_positive_int, check_prompt, check_queries, resolve_max_tool_response
-from textenv.engine.engine import GenerationEngine, model_device, unwrap_model
+from textenv.engine.backends import build_engine
+from textenv.engine.engine import model_device, unwrap_model
 from textenv.engine.fast_path import DecodingPath
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
 from textenv.episodes.lockstep import LockstepGenerator
@@ -40,7 +42,7 @@ CONTINUOUS = "continuous"
 LOCKSTEP = "lockstep"
 
 
-class TextEnvironment:
+class TextEnvironment(EndingAndRewards):
     """Runs tool-using episodes for a batch of queries and returns what `PPOTrainer.step` takes.
 
     Args:
@@ -85,6 +87,10 @@ class TextEnvironment:
             tokenizer's (default: the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
         progress (`bool`, defaults to `False`): show a progress bar over the episodes of each `run`
             (continuous turn order; on the main process only).
+        engine (`str`, defaults to `"textenv"`): what generates the turns: `"textenv"`, the in-process engine;
+            `"vllm"`, vLLM servers (the same episodes and exact tokens; see `textenv.vllm.VLLMEngine`); or an
+            engine object. `vllm_server_url` (one URL, a list, or comma-separated), `vllm_mode` (`"server"`
+            or `"colocate"`) and `vllm_kwargs` configure the vLLM backend (see `textenv.engine.backends`).
     """
 
     def __init__(
@@ -108,6 +114,10 @@ class TextEnvironment:
         tool_parser: str | Callable | None = None,
         chat_template: str | None = None,
         progress: bool = False,
+        engine: Any = "textenv",
+        vllm_server_url: str | Sequence[str] | None = None,
+        vllm_mode: str = "server",
+        vllm_kwargs: dict | None = None,
     ):
         if model is None or tokenizer is None:
             raise ValueError("TextEnvironment needs a model and a tokenizer: TextEnvironment(model, tokenizer, tools, ...).")
@@ -141,7 +151,10 @@ class TextEnvironment:
         if self.is_encoder_decoder:
             raise NotImplementedError("TextEnvironment supports decoder-only (causal) language models.")
         self.current_device = model_device(model)
-        self._engine = GenerationEngine(model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision)
+        self._engine = build_engine(
+            engine, model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision,
+            vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs,
+        )
         self._chat_tools = ChatTools(tokenizer, chat_template, tool_parser) if tool_format == "json" else None
 
     # ------------------------------------------------------------------ episodes
@@ -234,7 +247,7 @@ class TextEnvironment:
 
     def _react(self, history: TextHistory, completion) -> TextHistory:
         """Record the model's turn, end the episode or answer its tool call."""
-        history.append_segment(completion.text, completion.token_ids, system=False)
+        history.append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs)
         history = self.tasks_end_check([history])[0]
         history = self.step(history)
         return self.tasks_end_check([history], model_turn=False)[0]
@@ -291,7 +304,7 @@ class TextEnvironment:
             batch_size=self.batch_size,
         )
         for index, completion in zip(active, completions):
-            histories[index].append_segment(completion.text, completion.token_ids, system=False)
+            histories[index].append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs)
         return histories
 
     def _generate_batched(self, query_tensors: Sequence[torch.Tensor], batch_size: int = 16, pad_to_multiple_of=None) -> list[torch.Tensor]:
@@ -308,7 +321,7 @@ class TextEnvironment:
         # A JSON turn ends at EOS (the template's end of turn); the tags end one at <call> or <submit>.
         return () if self.tool_format == "json" else (self.call_token, self.submit_token)
 
-    def _engine_for_call(self) -> GenerationEngine:
+    def _engine_for_call(self):
         # Attributes may be replaced after construction (env.model = ...); the engine follows them.
         self._engine.model = self.model
         self._engine.tokenizer = self.tokenizer
@@ -320,58 +333,6 @@ class TextEnvironment:
         """How the engine decodes the current model's turns: its own loop, or transformers' `generate` with
         the reason (`GenerationEngine.decoding_path`). Turns through an overridden `generate` bypass it."""
         return self._engine_for_call().decoding_path
-
-    # ------------------------------------------------------------------ ending and rewards
-    def task_end_check(self, history: TextHistory, model_turn: bool = True) -> tuple[bool, bool]:
-        """Whether an episode is over.
-
-        Returns:
-            `(truncated, ended)`: `max_length` exceeded gives `(True, True)`; EOS in the model's last
-            segment, a model turn without a tool call, or `<submit>` give `(False, True)`.
-        """
-        if history.completed:
-            return False, False
-        if self.max_length is not None and len(history.tokens) > self.max_length:
-            return True, True
-        if self._model_wrote_eos(history):
-            return False, True
-        last_segment = history.last_text_segment
-        called_tool = self.request_token in last_segment and self.call_token in last_segment
-        if model_turn and not (called_tool or self.submit_token in last_segment):
-            return False, True
-        if self.submit_token in last_segment:
-            return False, True
-        return False, False
-
-    def _model_wrote_eos(self, history: TextHistory) -> bool:
-        # Only the model's own last segment counts: a chat-template prompt contains the EOS string too.
-        if history.system_spans[-1] or self.tokenizer.eos_token_id is None:
-            return False
-        start, end = history.token_spans[-1]
-        return bool((history.tokens[start:end] == self.tokenizer.eos_token_id).any())
-
-    def tasks_end_check(self, histories: list[TextHistory], model_turn: bool = True) -> list[TextHistory]:
-        """Apply `task_end_check` to every history and complete the ended ones; returns the same list."""
-        for history in histories:
-            truncated, ended = self.task_end_check(history, model_turn=model_turn)
-            if ended:
-                history.complete(truncated=truncated)
-        return histories
-
-    def compute_reward(self, histories: list[TextHistory], **reward_kwargs) -> list[TextHistory]:
-        """Call `reward_fn` once on every history's last text segment and store the rewards."""
-        if self.reward_fn is None:
-            return histories
-        rewards = self.reward_fn([history.last_text_segment for history in histories], **reward_kwargs)
-        rewards = list(rewards)
-        if len(rewards) != len(histories):
-            raise ValueError(
-                f"reward_fn returned {len(rewards)} rewards for {len(histories)} episodes; it must return "
-                "one reward per entry of the list it is given."
-            )
-        for history, reward in zip(histories, rewards):
-            history.reward = reward
-        return histories
 
 
 _BUILTIN_GENERATE = TextEnvironment.generate

@@ -4,7 +4,9 @@ Fields: `step`, `prompt` (the chat-template text of every message before the fin
 `completion` (the final assistant reply, ``""`` if none), `messages`, `total_reward`, `step_rewards`,
 `num_turns`, `trajectory_id`, `trajectory_infos` (the reset info then every step info; ms-swift
 documents this field but stopped writing it), `finish_reason`, `error` (`null` or
-``{"stage", "type", "message"}``), `env` and `row_index`. Values that JSON cannot hold are written as
+``{"stage", "type", "message"}``), `env` and `row_index`; when the engine reports log-probabilities (the
+vLLM backend), also `turn_logprobs`: per model turn, the log-probability of each generated token (`null`
+for a turn without them). Values that JSON cannot hold are written as
 their `repr`.
 """
 

@@ -37,6 +37,8 @@ class GymEpisode:
         errors (`list[dict]`): every error (`stage`: config, reset, context_manager, generate, step,
             close; `type`, `message`, `turn`).
         turn_finish_reasons (`list[str]`): how each model turn ended (`"eos"`, `"stop"`, `"length"`).
+        turn_logprobs (`list`): for each model turn, the engine's log-probability of each generated token
+            (a list of floats), or `None` when the engine reported none (the in-process engine).
         closed (`bool`): the env's `close()` ran (or no env was created).
         step (`int`): the training step it was generated for.
         prompt (`str`): the rendered conversation before the final reply (as `completions.jsonl` logs it).
@@ -54,6 +56,7 @@ class GymEpisode:
     finish_reason: str = FINISH_ERROR
     errors: List[Dict[str, Any]] = field(default_factory=list)
     turn_finish_reasons: List[str] = field(default_factory=list)
+    turn_logprobs: List[Optional[List[float]]] = field(default_factory=list)
     closed: bool = True
     step: int = 0
     prompt: str = ""

@@ -93,6 +93,7 @@ class GymPlay(Episode):
     async def react(self, completion) -> None:
         self.result.num_turns = self.turns
         self.result.turn_finish_reasons.append(completion.finish_reason)
+        self.result.turn_logprobs.append(completion.logprobs.tolist() if completion.logprobs is not None else None)
         self._checked("generate", lambda: self.transcript.add_reply(completion, self.prompt), self.turns)
         outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages), self.turns)
         observation, reward, done, info = self._checked("step", lambda: check_step_result(outcome, type(self.env).__name__), self.turns)
@@ -155,8 +156,8 @@ class GymPlay(Episode):
 
 
 def completion_record(episode: GymEpisode) -> Dict[str, Any]:
-    """The `completions.jsonl` line of an episode."""
-    return {
+    """The `completions.jsonl` line of an episode; `turn_logprobs` only when the engine reported some."""
+    record = {
         "step": episode.step,
         "prompt": episode.prompt,
         "completion": episode.completion,
@@ -172,3 +173,6 @@ def completion_record(episode: GymEpisode) -> Dict[str, Any]:
         "env": episode.env_name,
         "row_index": episode.row_index,
     }
+    if any(logprobs is not None for logprobs in episode.turn_logprobs):
+        record["turn_logprobs"] = episode.turn_logprobs
+    return record

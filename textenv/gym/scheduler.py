@@ -19,7 +19,8 @@ from textenv.chat.renderer import ChatRenderer
 from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import check_loss_scale
 from textenv.checks import check_positive_int
-from textenv.engine.engine import Completion, GenerationEngine, autocast_dtype
+from textenv.engine.backends import build_engine
+from textenv.engine.engine import Completion, autocast_dtype
 from textenv.engine.fast_path import DecodingPath
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
@@ -86,6 +87,9 @@ class GymScheduler:
             call format: `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or a parser; default: the template's.
         chat_template (`str`, *optional*): for those envs, a template instead of the tokenizer's (default:
             the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
+        engine (`str`, defaults to `"textenv"`): `"textenv"` (the in-process engine), `"vllm"` (vLLM servers,
+            the same episodes with exact tokens and the servers' log-probabilities) or an engine object;
+            `vllm_server_url`, `vllm_mode` and `vllm_kwargs` configure vLLM (see `textenv.engine.backends`).
 
     Attributes:
         stats (`RunStats`): counters of the last run.
@@ -111,6 +115,10 @@ class GymScheduler:
         mixed_precision: Optional[str] = None,
         tool_parser: Union[str, Callable, None] = None,
         chat_template: Optional[str] = None,
+        engine: Any = "textenv",
+        vllm_server_url: Union[str, Sequence[str], None] = None,
+        vllm_mode: str = "server",
+        vllm_kwargs: Optional[dict] = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -138,7 +146,8 @@ class GymScheduler:
         self.chat_template = chat_template
         self._chat_tools: Optional[ChatTools] = None
         self.stats = RunStats()
-        self._engine: Optional[GenerationEngine] = None
+        self._engine: Any = None
+        self._engine_choice = dict(engine=engine, vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs)
         load_plugins(external_plugins)
 
     def chat_tools(self) -> ChatTools:
@@ -155,9 +164,11 @@ class GymScheduler:
             return self.policy(contexts, stop_strings)
         return self._engine_for_call().generate_batch(contexts, stop_strings=stop_strings, batch_size=self.batch_size)
 
-    def _engine_for_call(self) -> GenerationEngine:
+    def _engine_for_call(self):
         if self._engine is None:
-            self._engine = GenerationEngine(self.model, self.tokenizer, batch_size=self.batch_size, mixed_precision=self.mixed_precision)
+            self._engine = build_engine(
+                model=self.model, tokenizer=self.tokenizer, batch_size=self.batch_size, mixed_precision=self.mixed_precision, **self._engine_choice
+            )
         self._engine.model = self.model
         self._engine.generation_kwargs = self.generation_kwargs
         self._engine.batch_size = self.batch_size

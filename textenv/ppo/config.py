@@ -42,13 +42,23 @@ class PPOConfig:
     pass of the step (reference included) under bf16 autocast, on CPU too; weights, gradients and optimizer
     state stay float32.
 
+    Rollout correction (textenv only, opt-in, off by default; TRL GRPO's names): when the episodes were
+    sampled by another engine (vLLM), its log-probabilities differ from the trainer's own, so the samples are
+    slightly off-policy. ``vllm_importance_sampling_correction=True`` then weights each model token's
+    policy-gradient term by ``w = min(exp(old_logprob - rollout_logprob), vllm_importance_sampling_cap)``
+    (truncated importance sampling, as TRL's GRPO and verl's TIS do), where ``old_logprob`` is the trainer's
+    log-probability from the step's forward pass before optimisation and ``rollout_logprob`` the engine's,
+    given to ``PPOTrainer.step(..., rollout_logprobs=...)`` (required then). The value loss is unchanged.
+    Off (the default), ``rollout_logprobs`` are ignored and ``step`` is legacy's. See
+    `textenv.ppo.rollout_correction` for the statistics it adds.
+
     Derived fields set in ``__post_init__``: ``backward_batch_size = mini_batch_size *
     gradient_accumulation_steps`` and ``total_ppo_epochs = ceil(steps / batch_size)``; the trainer fills in
     ``world_size``, ``global_backward_batch_size`` and ``global_batch_size``.
 
     Raises:
         ValueError: ``batch_size`` is not a multiple of ``backward_batch_size``, or ``kl_penalty`` is not
-            one of ``"kl"``, ``"abs"``, ``"mse"``, ``"full"``.
+            one of ``"kl"``, ``"abs"``, ``"mse"``, ``"full"``, or ``vllm_importance_sampling_cap`` is not positive.
     """
 
     # --- tracking -----------------------------------------------------------------------------------
@@ -100,6 +110,8 @@ class PPOConfig:
     share_prompt_prefix: bool = True
     step_in_backward: bool = False
     offload_reference: bool | None = None
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_cap: float = 2.0
     # --- filled in by __post_init__ / the trainer ---------------------------------------------------
     is_encoder_decoder: bool | None = None
     is_peft_model: bool | None = None
@@ -127,6 +139,8 @@ class PPOConfig:
             )
         if self.kl_penalty not in KL_PENALTIES:
             raise ValueError(f"`kl_penalty` must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
+        if not self.vllm_importance_sampling_cap > 0:
+            raise ValueError(f"`vllm_importance_sampling_cap` must be positive, got {self.vllm_importance_sampling_cap!r}")
         if self.log_with in ("wandb", "tensorboard", "trackio"):
             require(self.log_with, f"log_with={self.log_with!r}")
         self.total_ppo_epochs = int(math.ceil(self.steps / self.batch_size))

@@ -255,12 +255,17 @@ def clipped_value_loss(
 
 
 def clipped_policy_loss(
-    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``masked_mean(max(-A r, -A clip(r, 1 +- c)))`` and the clipped fraction."""
+    """``masked_mean(max(-A r, -A clip(r, 1 +- c)))`` and the clipped fraction; with ``importance_weights``
+    (finite, same shape) each token's term is multiplied by its weight before the mean."""
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(unclipped, clipped), mask)
+    per_token = torch.max(unclipped, clipped)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights
+    loss = masked_mean(per_token, mask)
     clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), mask)
     return loss, clipfrac
 
@@ -278,12 +283,15 @@ def ppo_losses(
     cliprange_value: float,
     vf_coef: float,
     ratio_threshold: float = float("inf"),
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
     """The PPO objective of one mini-batch.
 
     All tensors are `[mb, T]`; ``logprobs`` and ``vpreds`` carry gradients, ``entropy`` is per-token entropy
     (statistic only). If the masked mean ratio exceeds ``ratio_threshold`` the losses are multiplied by 0
-    (the batch is skipped but backward still runs).
+    (the batch is skipped but backward still runs). ``importance_weights`` (optional, no gradient) multiply
+    each token's policy-gradient term (truncated importance sampling, see `textenv.ppo.rollout_correction`);
+    the value loss and the statistics are unchanged.
 
     Returns:
         `(pg_loss, scaled_vf_loss, stats, skipped)`, as legacy ``PPOTrainer.loss``: the policy loss, ``vf_coef *
@@ -292,7 +300,7 @@ def ppo_losses(
     """
     vf_loss, vf_clipfrac = clipped_value_loss(vpreds, old_values, returns, mask, cliprange_value)
     ratio = torch.exp(logprobs - old_logprobs)  # [mb, T]
-    pg_loss, pg_clipfrac = clipped_policy_loss(ratio, advantages, mask, cliprange)
+    pg_loss, pg_clipfrac = clipped_policy_loss(ratio, advantages, mask, cliprange, importance_weights)
     loss = pg_loss + vf_coef * vf_loss
 
     skipped = bool(masked_mean(ratio, mask).item() > ratio_threshold)

@@ -48,6 +48,10 @@ class PPOStepMethods:
             [mask.to(device) for mask in masks] if masks is not None else None,
         )
 
+    def _vocab_size(self) -> int | None:
+        embeddings = self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings()
+        return getattr(embeddings, "num_embeddings", None)
+
     def prepare_model_inputs(self, queries: list[torch.Tensor], responses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Pad the model inputs of a batch (the tokenizer's padding side, or ``training_data_collator``).
 
@@ -169,11 +173,14 @@ class PPOStepMethods:
         mask: torch.Tensor,
         advantages: torch.Tensor,
         returns: torch.Tensor,
+        importance_weights: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """`loss`, backward, (clipping,) optimizer step and ``zero_grad`` on one mini-batch; returns its statistics."""
+        """`loss`, backward, (clipping,) optimizer step and ``zero_grad`` on one mini-batch; returns its statistics.
+        ``importance_weights`` (`[mb, T]`, optional): see `loss`."""
         with self._device_cache_guard():
             self.model.train()
-            pg_loss, scaled_vf_loss, train_stats = self.loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns)
+            weights = {"importance_weights": importance_weights} if importance_weights is not None else {}
+            pg_loss, scaled_vf_loss, train_stats = self.loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns, **weights)
             self._apply_gradients(pg_loss + scaled_vf_loss)
             return train_stats
 
@@ -187,8 +194,10 @@ class PPOStepMethods:
         mask: torch.Tensor,
         advantages: torch.Tensor,
         returns: torch.Tensor,
+        importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The clipped PPO losses of a mini-batch (all `[mb, T]`, ``logits`` `[mb, T, V]`).
+        """The clipped PPO losses of a mini-batch (all `[mb, T]`, ``logits`` `[mb, T, V]`); ``importance_weights``
+        (optional, `[mb, T]`) multiply each token's policy-gradient term (`textenv.ppo.rollout_correction`).
 
         Returns:
             `(pg_loss, vf_coef * vf_loss, stats)`; both losses are multiplied by 0 (with a warning) when the
@@ -198,6 +207,7 @@ class PPOStepMethods:
         pg_loss, scaled_vf_loss, stats, skipped = core.ppo_losses(
             old_logprobs, values, logprobs, vpreds, entropy, mask, advantages, returns,
             self.config.cliprange, self.config.cliprange_value, self.config.vf_coef, self.config.ratio_threshold,
+            importance_weights,
         )
         if skipped:
             self._warn_ratio_threshold(stats["policy/ratio"], mask)

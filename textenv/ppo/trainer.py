@@ -27,6 +27,7 @@ from textenv.ppo.config import PPOConfig
 from textenv.ppo.generation import PPOGenerationMixin
 from textenv.ppo.kl_control import AdaptiveKLController, FixedKLController, RunningMoments
 from textenv.ppo.offloaded_reference import OffloadedReference
+from textenv.ppo.rollout_correction import RolloutCorrectionMixin
 from textenv.ppo.step_methods import FORWARD_HOOKS, PPOStepMethods
 from textenv.ppo.step_stats import StepStatisticsMixin, stack_train_stats
 from textenv.ppo.trainer_setup import (
@@ -37,6 +38,7 @@ from textenv.ppo.trainer_setup import (
     empty_device_cache,
     init_trackers,
     launched_on_cpu_only,
+    make_dataloader,
     make_step_in_backward,
     prepare_reference,
 )
@@ -44,7 +46,7 @@ from textenv.padding import pad_token_id
 from textenv.ppo.utils import convert_to_scalar, stats_to_np
 from textenv.ppo.windowed_forward import WindowedForwardMixin
 
-class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOGenerationMixin):
+class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOGenerationMixin, RolloutCorrectionMixin):
     """Proximal Policy Optimisation on given (query, response, score) triples, one ``step`` at a time.
 
     Args:
@@ -156,18 +158,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
     def prepare_dataloader(self, dataset, data_collator=None) -> torch.utils.data.DataLoader:
         """A shuffling, last-batch-dropping DataLoader of ``config.batch_size``; 🤗 datasets lose the columns
         the model does not take (unless ``remove_unused_columns=False``)."""
-        try:
-            import datasets
-
-            if isinstance(dataset, datasets.Dataset) and self.config.remove_unused_columns:
-                keep = {"input_ids", "attention_mask", "label", "query", "response"}
-                unused = [c for c in dataset.column_names if c not in keep]
-                dataset = dataset.remove_columns(unused) if unused else dataset
-        except ImportError:
-            pass
-        return torch.utils.data.DataLoader(
-            dataset, batch_size=self.config.batch_size, collate_fn=data_collator, shuffle=True, drop_last=True
-        )
+        return make_dataloader(self.config, dataset, data_collator)
 
     # ---------------------------------------------------------------------------------------------
     # step
@@ -178,6 +169,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         responses: Sequence[torch.LongTensor],
         scores: Sequence[torch.Tensor],
         response_masks: Sequence[torch.Tensor] | None = None,
+        rollout_logprobs: Sequence[torch.Tensor] | None = None,
     ) -> dict:
         """One PPO optimisation step on a batch of episodes.
 
@@ -187,21 +179,27 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             scores: ``batch_size`` scalar tensors (or numbers), one reward per episode.
             response_masks: optional 1-D 0/1 tensors of each response's length: 1 = trained on (model tokens),
                 0 = ignored (tool output). Masked positions have no effect on the loss.
+            rollout_logprobs: optional 1-D float tensors of each response's length: the inference engine's
+                log-probability of every response token (anything, e.g. NaN, on mask-0 tokens), e.g.
+                ``history.response_logprobs()``. Required with ``config.vllm_importance_sampling_correction``
+                (truncated importance sampling, see `textenv.ppo.rollout_correction`); ignored without it.
 
         Returns:
             The statistics of legacy TRL (``objective/*``, ``ppo/*``, ``tokens/*``, ``time/*``): numpy arrays,
-            and Python floats for single values unless ``log_with="wandb"``.
+            and Python floats for single values unless ``log_with="wandb"``; with the correction also
+            ``objective/importance_sampling_ratio_mean``, ``..._ratio_max`` and ``..._clipped_frac``.
         """
         with self._device_cache_guard():
-            return self._step(queries, responses, scores, response_masks)
+            return self._step(queries, responses, scores, response_masks, rollout_logprobs)
 
-    def _step(self, queries, responses, scores, response_masks) -> dict:
+    def _step(self, queries, responses, scores, response_masks, rollout_logprobs=None) -> dict:
         config = self.config
         t_start = time.time()
         timing = {}
         queries, responses, scores, response_masks = self._step_safety_checker(
             config.batch_size, queries, responses, scores, response_masks
         )
+        rollout_logprobs = self._checked_rollout_logprobs(rollout_logprobs, responses, response_masks)
         scores = self._scale_scores(torch.stack(scores))  # [B]
         self._push_if_best(scores)
 
@@ -212,6 +210,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             logprobs, ref_logprobs, values, masks, packed, kl_inputs, policy_pass = self._experience_forward(
                 queries, responses, response_masks, model_inputs, legacy_forward
             )
+        weights, importance_stats = self._importance_weights(rollout_logprobs, queries, model_inputs, logprobs, masks)
         timing["time/ppo/forward_pass"] = time.time() - t
 
         with torch.no_grad():
@@ -226,7 +225,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         t = time.time()
         experience = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
                    "logprobs": logprobs.float(), "values": values.float(), "masks": masks,
-                   "advantages": advantages, "returns": returns, "policy_pass": policy_pass}
+                   "advantages": advantages, "returns": returns, "policy_pass": policy_pass, "weights": weights}
         all_stats = self._optimise(experience, legacy_forward)
         timing["time/ppo/optimize_step"] = time.time() - t
 
@@ -236,6 +235,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             train_stats=stack_train_stats(all_stats), kl_coef=self.kl_ctl.value, masks=masks,
             queries=queries, responses=responses, kls=kls,
         )
+        stats.update(importance_stats)
         if self.is_distributed:
             stats = self.gather_stats(stats)
         stats = stats_to_np(stats)
@@ -291,10 +291,6 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         # A subclass method, an attribute set on the instance, or a patch of the class attribute.
         return name in vars(self) or getattr(type(self), name) is not _BUILTIN_METHODS[name]
 
-    def _vocab_size(self) -> int | None:
-        embeddings = self.accelerator.unwrap_model(self.model).pretrained_model.get_input_embeddings()
-        return getattr(embeddings, "num_embeddings", None)
-
     def _push_if_best(self, scores: torch.Tensor) -> None:
         kwargs = self.config.push_to_hub_if_best_kwargs
         if not kwargs or self.current_step % self.config.compare_steps != 0:
@@ -328,16 +324,17 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         index = torch.as_tensor(rows, device=experience["masks"].device)
         old = {key: experience[key][index] for key in ("logprobs", "values", "masks", "advantages", "returns")}
         policy_pass = self._take_policy_pass(experience, rows)
+        weights = {"importance_weights": experience["weights"][index]} if experience["weights"] is not None else {}
         if not legacy_forward:
             return self._windowed_train_minibatch(
-                experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"], policy_pass
+                experience["packed"].select(index), old["logprobs"], old["values"], old["advantages"], old["returns"], policy_pass, **weights
             )
         queries = [experience["queries"][row] for row in rows]
         responses = [experience["responses"][row] for row in rows]
         model_inputs = {key: value[index] for key, value in experience["model_inputs"].items()}
         logprobs, logits, vpreds, _ = self.batched_forward_pass(self.model, queries, responses, model_inputs, return_logits=True)
         return self.train_minibatch(
-            old["logprobs"], old["values"], logprobs, logits, vpreds, old["masks"], old["advantages"], old["returns"]
+            old["logprobs"], old["values"], logprobs, logits, vpreds, old["masks"], old["advantages"], old["returns"], **weights
         )
 
     def _apply_gradients(self, loss: torch.Tensor) -> None:

@@ -151,6 +151,21 @@ def make_step_in_backward(trainer, owns_optimizer: bool) -> StepInBackward | Non
     return StepInBackward(trainer.optimizer.optimizer, trainer.trainable_params) if fusable else None
 
 
+def make_dataloader(config, dataset, data_collator=None) -> torch.utils.data.DataLoader:
+    """`PPOTrainer.prepare_dataloader`: shuffled batches of ``config.batch_size``, the last partial one dropped;
+    🤗 datasets lose the columns the model does not take (unless ``config.remove_unused_columns`` is False)."""
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset) and config.remove_unused_columns:
+            keep = {"input_ids", "attention_mask", "label", "query", "response"}
+            unused = [c for c in dataset.column_names if c not in keep]
+            dataset = dataset.remove_columns(unused) if unused else dataset
+    except ImportError:
+        pass
+    return torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, collate_fn=data_collator, shuffle=True, drop_last=True)
+
+
 def init_trackers(accelerator, config) -> None:
     """Start accelerate's trackers (``config.log_with``) with the configuration as hyper-parameters."""
     if config.log_with == "tensorboard":

@@ -187,17 +187,19 @@ class WindowedForwardMixin:
         return PolicyPass(rows, logprobs, self._place(kept_entropy(logits), kept_rows, positions, part), values)
 
     def _windowed_train_minibatch(
-        self, part: PackedBatch, old_logprobs, old_values, advantages, returns, policy_pass: PolicyPass | None = None
+        self, part: PackedBatch, old_logprobs, old_values, advantages, returns, policy_pass: PolicyPass | None = None,
+        importance_weights: torch.Tensor | None = None,
     ) -> dict:
         """`train_minibatch` with its forward pass on the response positions: same loss, statistics and update.
-        ``policy_pass``: this mini-batch's forward pass, already run (see `_windowed_experience_forward`)."""
+        ``policy_pass``: this mini-batch's forward pass, already run (see `_windowed_experience_forward`);
+        ``importance_weights``: see `PPOTrainer.loss`."""
         with self._device_cache_guard(), self._packed_scope(self.model, part) as layout:  # also for recomputation
             if policy_pass is None:
                 policy_pass = self._policy_pass(part, layout, None)
             pg_loss, scaled_vf_loss, stats, skipped = core.ppo_losses(
                 old_logprobs, old_values, policy_pass.logprobs, policy_pass.values, policy_pass.entropy, part.masks,
                 advantages, returns, self.config.cliprange, self.config.cliprange_value, self.config.vf_coef,
-                self.config.ratio_threshold,
+                self.config.ratio_threshold, importance_weights,
             )
             if skipped:
                 self._warn_ratio_threshold(stats["policy/ratio"], part.masks)

@@ -26,9 +26,9 @@ def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -
         max_turns=settings.max_turns,
         generation_kwargs=settings.generation_kwargs(),
         batch_size=settings.generation_batch_size,
-        mixed_precision=settings.mixed_precision,
         tool_format=settings.tool_format,
         tool_parser=settings.tool_parser,
+        **settings.engine_options(model),
     )
 
 

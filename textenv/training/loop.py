@@ -3,7 +3,8 @@
 Every PPO step, top to bottom:
 
 1. the episode source plays a batch of episodes with the policy (in eval mode) and scores them;
-2. `PPOTrainer.step` optimises on the query tokens, response tokens, scores and masks;
+2. `PPOTrainer.step` optimises on the query tokens, response tokens, scores and masks (and, with
+   ``PPOConfig.vllm_importance_sampling_correction``, the engine's log-probabilities of the responses);
 3. `PPOTrainer.log_stats` sends the step's statistics to the trainer's trackers (tensorboard, wandb), and
    the episodes go there as a table (wandb: `game_log`, as in legacy TRL; tensorboard: a text `episodes`);
 4. a `StepLog` records the step; with `run_dir`, a `textenv.view.RunRecorder` appends the step's episodes to
@@ -95,7 +96,7 @@ def train(
             episodes_started = time.perf_counter()
             batch = episodes.collect(step)
             ppo_started = time.perf_counter()
-            stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks)
+            stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks, **_rollout_arguments(trainer, batch))
             ppo_seconds = time.perf_counter() - ppo_started
             trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
             if trainer.config.log_with == "tensorboard":
@@ -119,6 +120,13 @@ def train(
                 on_step(log)
     bar.close()
     return logs
+
+
+def _rollout_arguments(trainer, batch: EpisodeBatch) -> dict[str, Any]:
+    """``rollout_logprobs`` for `trainer.step` when its config asks for the importance-sampling correction."""
+    if getattr(trainer.config, "vllm_importance_sampling_correction", False):
+        return {"rollout_logprobs": batch.rollout_logprobs()}
+    return {}
 
 
 def _recorder(run_dir: str | Path | None, trainer) -> Any:

@@ -38,6 +38,18 @@ class EpisodeBatch:
     response_texts: list[str]
     episodes: list[Any] = field(default_factory=list, repr=False)
 
+    def rollout_logprobs(self) -> list[torch.Tensor]:
+        """The inference engine's log-probability of every response token, one 1-D tensor per episode (NaN
+        where the engine reported none), for `PPOTrainer.step(rollout_logprobs=...)`.
+
+        Raises:
+            ValueError: the batch does not hold one episode (with a `TextHistory`) per response.
+        """
+        histories = [getattr(episode, "history", episode) for episode in self.episodes]
+        if len(histories) != len(self.responses) or not all(isinstance(h, TextHistory) for h in histories):
+            raise ValueError("EpisodeBatch.rollout_logprobs needs the batch's episodes, one TextHistory per response.")
+        return [history.response_logprobs() for history in histories]
+
     @property
     def reward_mean(self) -> float:
         """Mean score of the batch."""

@@ -1,0 +1,110 @@
+"""textenv on vLLM in the benchmarks (`run.py --engine vllm`): the server `run.py` starts for a run, and what
+the textenv sides (`textenv_side.py` and `gym_side.py` with `--vllm-url`) do to decode on it.
+
+`run.py` starts one server of the bundled model (`textenv.vllm.server.VLLMServer`, from vLLM's own venv
+`.venv-vllm`, on a free port) before the workloads and stops it at the end, also on an error, Ctrl-C or
+SIGTERM; its start-up time is reported apart from the figures. Every side process builds its own
+`VLLMEngine` on it, sends the weights and checks the served model at its first use (the first weight
+sync, also reported apart) and makes one short warm-up request before timing. Every timed run starts with
+the server's prefix cache dropped, as the in-process engine starts every run with a fresh cache.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import workload
+
+DTYPES = ("float32", "bfloat16")
+KV_CACHE_GIB = 1
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def running_server(dtype: str = "float32", log: Callable[[str], None] = _log) -> Iterator[Any]:
+    """A vLLM server of the bundled model in `dtype` on a free port, stopped when the block ends however
+    it ends (SIGTERM is turned into `SystemExit` meanwhile so that it ends the block too)."""
+    from textenv.models import bundled_model_path
+    from textenv.vllm.server import VLLMServer, free_port
+
+    server = VLLMServer(str(bundled_model_path()), free_port(), dtype, kv_cache_gib=KV_CACHE_GIB)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    log(f"[vllm] starting a server ({dtype}) on {server.url} (log: {server.log_path}) ...")
+    try:
+        server.start()
+        log(f"[vllm] server ready after {server.startup_seconds:.0f} s (not in the figures)")
+        yield server
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+        log(f"[vllm] server on {server.url} stopped")
+
+
+def server_record(server: Any, dtype: str) -> dict[str, Any]:
+    """What the report says about the server: its dtype, start-up time and process id."""
+    return {"dtype": dtype, "startup_seconds": server.startup_seconds, "url": server.url, "pid": server.process.pid}
+
+
+# ------------------------------------------------------------------------------ the side processes
+def prepared_engine(url: str, model: Any, tokenizer: Any) -> Any:
+    """A `VLLMEngine` on the server at `url`, ready to time: the weights sent and the served model checked
+    (its first use), then one short greedy request (warm-up)."""
+    from textenv.engine.backends import build_engine
+
+    engine = build_engine("vllm", model, tokenizer, batch_size=32, vllm_server_url=url)
+    started = time.perf_counter()
+    engine.prepare()
+    engine.prepare_seconds = time.perf_counter() - started
+    ids = tokenizer("What is 1+1?", return_tensors="pt").input_ids[0]
+    engine.generate_batch([ids], generation_kwargs={"max_new_tokens": 2, "do_sample": False})
+    return engine
+
+
+def fresh_cache(engine: Any) -> None:
+    """Drop the servers' prefix caches: a timed run starts cold, like a new in-process engine."""
+    for client in engine.clients:
+        client.reset_prefix_cache()
+
+
+def engine_record(engine: Any) -> dict[str, Any]:
+    """The one-time costs of a side process's engine, kept apart from the figures: the weight syncs' seconds
+    and the whole first use (sync and the served model's checks)."""
+    return {"sync_seconds": list(engine.sync_seconds), "prepare_seconds": engine.prepare_seconds}
+
+
+def server_usage(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) and resident MiB of a server started in its own session (`VLLMServer`):
+    every process of its process group (the API server, the engine core, the workers)."""
+    ticks, pages = 0, 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[2]) == pid:  # fields[n - 3] is field n of proc(5): pgrp 5, utime 14, stime 15, rss 24
+            ticks += int(fields[11]) + int(fields[12])
+            pages += int(fields[21])
+    return ticks / os.sysconf("SC_CLK_TCK"), pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def timed_run_on_server(env: Any, engine: Any, inputs: dict, server_pid: int | None) -> dict[str, Any]:
+    """`workload.timed_run` of `env` (decoding with `engine`) on a fresh server cache; with `server_pid`, the server's CPU time over the run is
+    added to `seconds_cpu` (and kept as `server_seconds_cpu`) and its resident memory after the run is kept
+    as `server_rss_mb` (the table's peak RSS is this process's only)."""
+    fresh_cache(engine)
+    before = server_usage(server_pid)[0] if server_pid else 0.0
+    record = workload.timed_run(env, inputs, time_turns=False)
+    if server_pid:
+        cpu, rss = server_usage(server_pid)
+        record.update(server_seconds_cpu=cpu - before, server_rss_mb=rss)
+        record["seconds_cpu"] += record["server_seconds_cpu"]
+    return record

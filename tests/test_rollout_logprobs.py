@@ -1,0 +1,442 @@
+"""The inference engine's per-token log-probabilities through the episode records (TextHistory, the tag and
+JSON TextEnvironment paths, the Gym transcript, completions.jsonl, the training loop) and PPOTrainer.step's
+opt-in truncated importance-sampling correction (``vllm_importance_sampling_correction``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from textenv import TextHistory
+from textenv.engine.engine import FINISH_EOS, Completion
+from textenv.environment import TextEnvironment
+from textenv.gym import Env, GymScheduler, envs, load_plugins, read_completions
+from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from textenv.ppo import rollout_correction
+from textenv.testing import tiny_causal_lm
+from textenv.tools import Calculator
+from textenv.training import train
+from textenv.training.sources import EpisodeBatch
+
+PLUGIN = Path(__file__).parent / "plugins" / "gym_guess_plugin.py"
+RATIO_MEAN = "objective/importance_sampling_ratio_mean"
+RATIO_MAX = "objective/importance_sampling_ratio_max"
+CLIPPED_FRAC = "objective/importance_sampling_clipped_frac"
+
+
+def fake_logprobs(token_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities that tell which token they belong to."""
+    return -0.001 * token_ids.float() - 0.5
+
+
+def assert_aligned(history: TextHistory) -> None:
+    """Model tokens carry `fake_logprobs` of exactly themselves; every other token is NaN."""
+    trained = history.token_masks.bool()
+    assert trained.any()
+    torch.testing.assert_close(history.token_logprobs[trained], fake_logprobs(history.tokens[trained]))
+    assert history.token_logprobs[~trained].isnan().all()
+    _, response, _ = history.split_query_response_tokens()
+    assert len(history.response_logprobs()) == len(response)
+
+
+# ------------------------------------------------------------------------------------------------
+# TextHistory
+# ------------------------------------------------------------------------------------------------
+def test_history_stores_logprobs_parallel_to_tokens():
+    history = TextHistory("Hello", torch.tensor([1, 2]))
+    history.append_segment("model", torch.tensor([3, 4, 5]), system=False, logprobs=torch.tensor([-0.1, -0.2, -0.3]))
+    history.append_segment("tool", torch.tensor([6]))
+    history.append_segment("again", torch.tensor([7, 8]), system=False)  # no logprobs reported
+    history.append_segment("list", [9], system=False, logprobs=[-0.9])
+    assert history.token_logprobs.dtype == torch.float32
+    assert len(history.token_logprobs) == len(history.tokens) == 9
+    nan = float("nan")
+    expected = torch.tensor([nan, nan, -0.1, -0.2, -0.3, nan, nan, nan, -0.9])
+    torch.testing.assert_close(history.token_logprobs, expected, equal_nan=True)
+    torch.testing.assert_close(history.response_logprobs(), expected[2:], equal_nan=True)
+    _, response, mask = history.split_query_response_tokens()
+    assert len(history.response_logprobs()) == len(response) == len(mask)
+
+
+def test_history_constructor_and_legacy_fields_unchanged():
+    history = TextHistory("Hello there!", torch.tensor([1, 2, 3]), system=False)
+    assert history.token_masks.tolist() == [1, 1, 1]
+    assert history.token_logprobs.isnan().all() and len(history.token_logprobs) == 3
+    assert len(history.response_logprobs()) == 0
+
+
+@pytest.mark.parametrize("logprobs", [torch.tensor([-0.1]), torch.tensor([-0.1, -0.2, -0.3]), torch.zeros(1, 2), torch.tensor(-1.0)])
+def test_history_rejects_logprobs_of_the_wrong_shape(logprobs):
+    history = TextHistory("Hello", torch.tensor([1]))
+    with pytest.raises(ValueError, match="logprobs must be a 1-D tensor with one log-probability per token"):
+        history.append_segment("xy", torch.tensor([2, 3]), system=False, logprobs=logprobs)
+    assert history.tokens.tolist() == [1] and len(history.token_logprobs) == 1  # nothing appended
+
+
+# ------------------------------------------------------------------------------------------------
+# TextEnvironment: the tag format (engine and lockstep `generate`) and the JSON format
+# ------------------------------------------------------------------------------------------------
+class LogprobEngine:
+    """The real engine, with every completion given `fake_logprobs`."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    @staticmethod
+    def _with_logprobs(completion: Completion) -> Completion:
+        return Completion(completion.token_ids, completion.text, completion.finish_reason, fake_logprobs(completion.token_ids))
+
+    async def generate(self, *args, **kwargs):
+        return self._with_logprobs(await self.engine.generate(*args, **kwargs))
+
+    def generate_batch(self, *args, **kwargs):
+        return [self._with_logprobs(completion) for completion in self.engine.generate_batch(*args, **kwargs)]
+
+
+def environment_with_logprobs(tiny_model, tokenizer, **kwargs) -> TextEnvironment:
+    env = TextEnvironment(
+        tiny_model, tokenizer, {"Calculator": Calculator()}, lambda texts: [0.0] * len(texts), "Compute: ",
+        max_turns=2, generation_kwargs={"max_new_tokens": 5, "do_sample": False}, **kwargs,
+    )
+    original = env._engine_for_call
+    env._engine_for_call = lambda: LogprobEngine(original())
+    return env
+
+
+@pytest.mark.parametrize("turn_order", ["continuous", "lockstep"])
+def test_tag_environment_keeps_engine_logprobs(tiny_model, tokenizer, turn_order):
+    env = environment_with_logprobs(tiny_model, tokenizer, turn_order=turn_order)
+    _, _, masks, _, histories = env.run(["1+1", "2*3"])
+    for history, mask in zip(histories, masks):
+        assert_aligned(history)
+        assert history.response_logprobs()[mask.bool()].isfinite().all()
+
+
+def test_json_environment_keeps_engine_logprobs(tiny_model, tokenizer):
+    env = environment_with_logprobs(tiny_model, tokenizer, tool_format="json")
+    _, _, _, _, histories = env.run(["1+1", "2*3"])
+    for history in histories:
+        assert_aligned(history)
+
+
+class AppendingEnvironment(TextEnvironment):
+    """A legacy-style overridden `generate` (lockstep) that reports log-probabilities with its segments."""
+
+    def generate(self, histories):
+        for history in histories:
+            if not history.completed:
+                ids = torch.tensor(self.tokenizer("hi" + self.tokenizer.eos_token, add_special_tokens=False).input_ids)
+                history.append_segment("hi" + self.tokenizer.eos_token, ids, system=False, logprobs=fake_logprobs(ids))
+        return histories
+
+
+def test_json_lockstep_generate_passes_its_logprobs_on(tiny_model, tokenizer):
+    env = AppendingEnvironment(
+        tiny_model, tokenizer, {"Calculator": Calculator()}, lambda texts: [0.0] * len(texts), "Be brief.",
+        tool_format="json", turn_order="lockstep",
+    )
+    _, _, _, _, (history,) = env.run(["Say hi"])
+    assert_aligned(history)
+    assert "hi" in history.last_model_segment
+
+
+# ------------------------------------------------------------------------------------------------
+# Gym (JSON transcript) path and completions.jsonl
+# ------------------------------------------------------------------------------------------------
+class CountingEnv(Env):
+    async def reset(self, config):
+        self.steps = 0
+        return "task", {}, "Be brief."
+
+    async def step(self, action):
+        self.steps += 1
+        return f"obs {self.steps}", 0.5, False, {}
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture()
+def counting_env():
+    envs["counting_lp"] = CountingEnv
+    yield
+    envs.pop("counting_lp", None)
+
+
+def scripted_policy(tokenizer, with_logprobs=True):
+    def policy(contexts, stop_strings=()):
+        completions = []
+        for context in contexts:
+            turn = tokenizer.decode(context).count("<|im_start|>assistant")
+            ids = torch.tensor(tokenizer(f"reply {turn}{tokenizer.eos_token}", add_special_tokens=False).input_ids)
+            logprobs = fake_logprobs(ids) if with_logprobs else None
+            completions.append(Completion(ids, tokenizer.decode(ids), FINISH_EOS, logprobs=logprobs))
+        return completions
+
+    return policy
+
+
+@pytest.mark.parametrize("loss_scale", ["default", "last_round"])
+def test_gym_histories_align_logprobs_with_trained_turns(tokenizer, counting_env, loss_scale):
+    scheduler = GymScheduler(tokenizer=tokenizer, policy=scripted_policy(tokenizer), gym_env="counting_lp", max_turns=3, loss_scale=loss_scale)
+    (episode,) = scheduler.run([{"env_config": {}}])
+    assert_aligned(episode.history)
+    trained = episode.history.response_logprobs()[episode.history.split_query_response_tokens()[2].bool()]
+    assert len(trained) == (3 if loss_scale == "default" else 1) * len(tokenizer("reply 1<|im_end|>", add_special_tokens=False).input_ids)
+
+
+def test_gym_rerendered_turns_lose_their_logprobs(tokenizer, counting_env):
+    load_plugins(PLUGIN)
+    scheduler = GymScheduler(tokenizer=tokenizer, policy=scripted_policy(tokenizer), gym_env="counting_lp", max_turns=4, loss_scale="default")
+    (episode,) = scheduler.run([{"env_config": {}, "ctx_config": {"name": "keep_last_round"}}])
+    history = episode.history
+    assert_aligned(history)
+    # The re-rendered "reply 2" sits in the (untrained) query part with NaN; only the final reply has values.
+    assert history.token_logprobs.isfinite().sum() == history.token_masks.sum() == len(
+        tokenizer("reply 2<|im_end|>", add_special_tokens=False).input_ids
+    )
+
+
+def test_completion_with_mismatched_logprobs_is_an_episode_error(tokenizer, counting_env):
+    def policy(contexts, stop_strings=()):
+        ids = torch.tensor(tokenizer("x" + tokenizer.eos_token, add_special_tokens=False).input_ids)
+        return [Completion(ids, tokenizer.decode(ids), FINISH_EOS, logprobs=torch.zeros(len(ids) + 1)) for _ in contexts]
+
+    (episode,) = GymScheduler(tokenizer=tokenizer, policy=policy, gym_env="counting_lp", max_turns=1).run([{"env_config": {}}])
+    assert episode.error["stage"] == "generate" and "completion.logprobs has" in episode.error["message"]
+
+
+def test_completions_jsonl_records_turn_logprobs_only_when_reported(tokenizer, counting_env, tmp_path):
+    log = tmp_path / "completions.jsonl"
+    with_lp = GymScheduler(tokenizer=tokenizer, policy=scripted_policy(tokenizer), gym_env="counting_lp", max_turns=2)
+    (episode,) = with_lp.run([{"env_config": {}}], completions_path=log)
+    without = GymScheduler(tokenizer=tokenizer, policy=scripted_policy(tokenizer, False), gym_env="counting_lp", max_turns=2)
+    without.run([{"env_config": {}}], completions_path=log)
+    first, second = read_completions(log)
+    ids = tokenizer("reply 1<|im_end|>", add_special_tokens=False).input_ids
+    assert len(first["turn_logprobs"]) == 2
+    assert first["turn_logprobs"][0] == pytest.approx(fake_logprobs(torch.tensor(ids)).tolist())
+    assert first["turn_logprobs"] == episode.turn_logprobs
+    assert "turn_logprobs" not in second
+
+
+# ------------------------------------------------------------------------------------------------
+# PPOTrainer.step: truncated importance sampling
+# ------------------------------------------------------------------------------------------------
+PROMPT = torch.arange(100, 120)
+QUERIES = [torch.cat([PROMPT, torch.tensor([7, 8])]), torch.cat([PROMPT, torch.tensor([9, 10, 11])]), torch.cat([PROMPT, torch.tensor([12])])]
+RESPONSES = [torch.arange(200, 206), torch.arange(300, 303), torch.arange(400, 410)]
+SCORES = [torch.tensor(1.0), torch.tensor(-1.0), torch.tensor(0.5)]
+MASKS = [torch.tensor([1, 1, 0, 0, 1, 1]), torch.ones(3), torch.tensor([1] * 4 + [0] * 3 + [1] * 3)]
+EXACT_STATS = ("ppo/loss/total", "ppo/loss/policy", "ppo/loss/value", "objective/kl", "ppo/policy/approxkl", "ppo/val/vpred")
+
+
+def make_trainer(**config_kwargs):
+    base = tiny_causal_lm(seed=0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLMWithValueHead(base)
+    config = {"batch_size": 3, "mini_batch_size": 3, "ppo_epochs": 1, "learning_rate": 1e-3, "seed": 0, **config_kwargs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        return PPOTrainer(PPOConfig(**config), model)
+
+
+def flat_weights(trainer):
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]).clone()
+
+
+def run_step(rollout_logprobs=None, **config_kwargs):
+    trainer = make_trainer(**config_kwargs)
+    kwargs = {} if rollout_logprobs is None else {"rollout_logprobs": rollout_logprobs}
+    stats = trainer.step(QUERIES, RESPONSES, SCORES, MASKS, **kwargs)
+    return stats, flat_weights(trainer)
+
+
+def trainer_old_logprobs(**config_kwargs) -> list[torch.Tensor]:
+    """The trainer's own old log-probability of every response token, exactly as `step` computes them (read
+    from the step of an identical trainer)."""
+    trainer = make_trainer(vllm_importance_sampling_correction=True, **config_kwargs)
+    seen = {}
+    original = trainer._importance_weights
+
+    def spy(rollout, queries, model_inputs, logprobs, masks):
+        seen["logprobs"], seen["mask"] = logprobs.clone(), model_inputs["attention_mask"]
+        return original(rollout, queries, model_inputs, logprobs, masks)
+
+    trainer._importance_weights = spy
+    trainer.step(QUERIES, RESPONSES, SCORES, MASKS, rollout_logprobs=[torch.zeros(len(r)) for r in RESPONSES])
+    first = seen["mask"].int().argmax(dim=1)
+    starts = [int(first[row]) + len(query) - 1 for row, query in enumerate(QUERIES)]
+    return [seen["logprobs"][row, start : start + len(response)].cpu() for row, (start, response) in enumerate(zip(starts, RESPONSES))]
+
+
+def assert_identical(first, second):
+    (stats_a, weights_a), (stats_b, weights_b) = first, second
+    for key in EXACT_STATS:
+        assert stats_a[key] == stats_b[key], key
+    assert torch.equal(weights_a, weights_b)
+
+
+def test_config_defaults_off_and_checks_the_cap():
+    config = PPOConfig()
+    assert config.vllm_importance_sampling_correction is False
+    assert config.vllm_importance_sampling_cap == 2.0
+    with pytest.raises(ValueError, match="vllm_importance_sampling_cap"):
+        PPOConfig(vllm_importance_sampling_cap=0.0)
+
+
+def test_rollout_logprobs_are_ignored_when_the_correction_is_off():
+    shifted = [torch.full((len(r),), -5.0) for r in RESPONSES]
+    plain, given = run_step(), run_step(shifted)
+    assert_identical(plain, given)
+    assert RATIO_MEAN not in given[0] and CLIPPED_FRAC not in given[0]
+
+
+@pytest.mark.parametrize("kl_penalty", ["kl", "full"])  # the packed fast path and the legacy forward path
+def test_rollout_equal_to_old_logprobs_gives_the_uncorrected_update(kl_penalty):
+    old = trainer_old_logprobs(kl_penalty=kl_penalty)
+    rollout = [logprobs.masked_fill(mask == 0, float("nan")) for logprobs, mask in zip(old, MASKS)]  # NaN off-mask is fine
+    off = run_step(kl_penalty=kl_penalty)
+    on = run_step(rollout, kl_penalty=kl_penalty, vllm_importance_sampling_correction=True)
+    assert_identical(off, on)
+    assert on[0][RATIO_MEAN] == 1.0 and on[0][RATIO_MAX] == 1.0 and on[0][CLIPPED_FRAC] == 0.0
+
+
+@pytest.mark.parametrize("kl_penalty", ["kl", "full"])
+def test_weights_are_the_capped_ratio(kl_penalty):
+    old = trainer_old_logprobs(kl_penalty=kl_penalty)
+    shifts = [torch.tensor([-2.0, 0.5, 9.0, 9.0, -2.0, 0.5]), torch.tensor([0.5, 0.5, -0.25]), torch.tensor([-2.0] * 4 + [9.0] * 3 + [0.5] * 3)]
+    rollout = [logprobs + shift for logprobs, shift in zip(old, shifts)]  # ratio = exp(-shift)
+    stats, weights = run_step(rollout, kl_penalty=kl_penalty, vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=2.0)
+    trained = torch.cat([shift[mask.bool()] for shift, mask in zip(shifts, MASKS)])
+    expected = [min(math.exp(-float(s)), 2.0) for s in trained]
+    assert stats[RATIO_MEAN] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    assert stats[RATIO_MAX] == pytest.approx(2.0)
+    assert stats[CLIPPED_FRAC] == pytest.approx(sum(math.exp(-float(s)) > 2.0 for s in trained) / len(trained))
+    off_stats, off_weights = run_step(kl_penalty=kl_penalty)
+    assert not torch.equal(weights, off_weights)
+    assert stats["ppo/loss/value"] == pytest.approx(off_stats["ppo/loss/value"], rel=1e-6)  # the value loss is unweighted
+
+
+@pytest.mark.parametrize("kl_penalty", ["kl", "full"])
+def test_weighted_policy_loss_by_hand(kl_penalty):
+    """One mini-batch, one epoch: the loss is computed before any update (ratio 1), so the policy loss is
+    ``masked_mean(-advantages * w)`` with ``w = min(exp(old - rollout), cap)`` per trained token."""
+    old = trainer_old_logprobs(kl_penalty=kl_penalty)
+    shifts = [torch.tensor([-2.0, 0.5, 9.0, 9.0, -1.0, 0.25]), torch.tensor([0.5, -3.0, -0.25]), torch.tensor([-2.0] * 4 + [9.0] * 3 + [0.5, 1.0, 0.0])]
+    rollout = [logprobs + shift for logprobs, shift in zip(old, shifts)]
+    trainer = make_trainer(kl_penalty=kl_penalty, vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=1.5)
+    seen = {}
+    original = trainer._train_rows
+    trainer._train_rows = lambda experience, rows, legacy: seen.update(experience) or original(experience, rows, legacy)
+    stats = trainer.step(QUERIES, RESPONSES, SCORES, MASKS, rollout_logprobs=rollout)
+    masks, advantages, weights = seen["masks"].cpu(), seen["advantages"].cpu(), seen["weights"].cpu()
+    expected = torch.ones_like(weights)
+    for row, (query, shift) in enumerate(zip(QUERIES, shifts)):  # right padding: response token j at len(query) - 1 + j
+        expected[row, len(query) - 1 : len(query) - 1 + len(shift)] = torch.clamp(torch.exp(-shift), max=1.5)
+    trained = masks > 0
+    torch.testing.assert_close(weights[trained], expected[trained], rtol=1e-5, atol=1e-6)
+    assert (weights[~trained] == 1.0).all()
+    by_hand = float((-advantages * expected * masks).sum() / masks.sum())
+    unweighted = float((-advantages * masks).sum() / masks.sum())
+    assert abs(by_hand - unweighted) > 1e-2
+    assert stats["ppo/loss/policy"] == pytest.approx(by_hand, abs=1e-5)
+
+
+def test_importance_weights_by_hand():
+    old = torch.tensor([[0.0, -1.0, -2.0, -3.0]])
+    rollout = torch.tensor([[float("nan"), -2.0, -1.0, -3.2]])
+    masks = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    weights, stats = rollout_correction.importance_weights(old, rollout, masks, cap=1.5)
+    expected = torch.tensor([[1.0, 1.5, math.exp(-1.0), math.exp(0.2)]])
+    torch.testing.assert_close(weights, expected)
+    assert float(stats[RATIO_MEAN]) == pytest.approx((1.5 + math.exp(-1.0) + math.exp(0.2)) / 3)
+    assert float(stats[RATIO_MAX]) == pytest.approx(1.5) and float(stats[CLIPPED_FRAC]) == pytest.approx(1 / 3)
+
+
+def test_correction_without_rollout_logprobs_is_a_clear_error():
+    trainer = make_trainer(vllm_importance_sampling_correction=True)
+    with pytest.raises(ValueError, match="no rollout_logprobs.*vllm_importance_sampling_correction=False"):
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+
+
+@pytest.mark.parametrize(
+    "rollout, message",
+    [
+        ([torch.zeros(6), torch.zeros(3)], r"rollout_logprobs has 2 entries for 3 responses"),
+        ([torch.zeros(6), torch.zeros(4), torch.zeros(10)], r"rollout_logprobs\[1\] must be a 1-D tensor of the response's length \(3\)"),
+        ([torch.zeros(6), torch.tensor([0.0, float("nan"), 0.0]), torch.zeros(10)], r"rollout_logprobs\[1\] is NaN on a trained token"),
+    ],
+)
+def test_bad_rollout_logprobs_are_clear_errors(rollout, message):
+    trainer = make_trainer(vllm_importance_sampling_correction=True)
+    with pytest.raises(ValueError, match=message):
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS, rollout_logprobs=rollout)
+
+
+def test_correction_refuses_an_overridden_loss():
+    class CustomLoss(PPOTrainer):
+        def loss(self, *args, **kwargs):
+            return super().loss(*args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No dataset is provided")
+        trainer = CustomLoss(PPOConfig(batch_size=3, mini_batch_size=3, vllm_importance_sampling_correction=True), make_trainer().model)
+    with pytest.raises(ValueError, match=r"\['loss'\] are overridden"):
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS, rollout_logprobs=[torch.zeros(len(r)) for r in RESPONSES])
+
+
+# ------------------------------------------------------------------------------------------------
+# the training loop
+# ------------------------------------------------------------------------------------------------
+class HistorySource:
+    """Episodes made by hand, with engine log-probabilities on the model tokens."""
+
+    def collect(self, step):
+        histories = []
+        for query, response, mask in zip(QUERIES[:2], RESPONSES[:2], MASKS[:2]):
+            history = TextHistory("q", query)
+            for token, trained in zip(response, mask):
+                logprobs = torch.tensor([-0.25]) if trained else None
+                history.append_segment("t", token.reshape(1), system=not bool(trained), logprobs=logprobs)
+            history.reward = 1.0
+            histories.append(history)
+        split = [history.split_query_response_tokens() for history in histories]
+        return EpisodeBatch(
+            [q for q, _, _ in split], [r for _, r, _ in split], [torch.tensor(1.0)] * 2, [m for _, _, m in split],
+            ["q"] * 2, ["r"] * 2, episodes=histories,
+        )
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_training_loop_passes_rollout_logprobs_only_with_the_correction(correction):
+    trainer = make_trainer(batch_size=2, mini_batch_size=2, vllm_importance_sampling_correction=correction)
+    calls = []
+    original = trainer.step
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    trainer.step = spy
+    (log,) = train(trainer, HistorySource(), 1, progress=False)
+    if not correction:
+        assert calls == [{}] and RATIO_MEAN not in log.stats
+        return
+    (rollout,) = [call["rollout_logprobs"] for call in calls]
+    for logprobs, mask in zip(rollout, MASKS[:2]):
+        assert (logprobs[mask.bool()] == -0.25).all() and logprobs[~mask.bool()].isnan().all()
+    assert RATIO_MEAN in log.stats and log.stats[RATIO_MEAN] > 0
+
+
+def test_episode_batch_rollout_logprobs_needs_histories():
+    batch = EpisodeBatch([torch.tensor([1])], [torch.tensor([2])], [torch.tensor(0.0)], [torch.ones(1)], ["q"], ["r"], episodes=[])
+    with pytest.raises(ValueError, match="one TextHistory per response"):
+        batch.rollout_logprobs()

@@ -1,0 +1,70 @@
+"""vLLM servers for the tests of the vLLM backend: the bundled model in float32, started once per test
+session from `.venv-vllm` (`make vllm`). Tests that need them skip, with the reason, where vLLM is not
+installed or a server does not start. While working on the backend, `TEXTENV_VLLM_TEST_URLS=url1,url2`
+points the tests at servers already running (started with `textenv serve --dtype float32`); tests that
+stop a server then skip."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from textenv.models import bundled_model_path
+from textenv.vllm.server import VLLMServer, find_vllm_python, free_port
+
+_servers: list[VLLMServer] | None = None
+_failure: str | None = None
+
+
+def bundled_servers(count: int = 2) -> list[VLLMServer]:
+    """`count` running servers of the bundled model (started together at the first call), or a skip."""
+    global _servers, _failure
+    if os.environ.get("TEXTENV_VLLM_TEST_URLS"):
+        return [RunningServer(url) for url in os.environ["TEXTENV_VLLM_TEST_URLS"].split(",")][:count]
+    if _servers is None and _failure is None:
+        try:
+            python = find_vllm_python()
+        except FileNotFoundError as error:
+            _failure = str(error)
+        else:
+            _servers, errors = _start(python, count)
+            if errors:
+                _failure = f"a vLLM server did not start: {errors[0]}"
+    if _failure is not None:
+        pytest.skip(_failure)
+    return _servers
+
+
+def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
+    servers = [VLLMServer(str(bundled_model_path()), free_port(), "float32", vllm_python=python, kv_cache_gib=1) for _ in range(count)]
+    errors: list[str] = []
+
+    def start(server: VLLMServer) -> None:
+        try:
+            server.start(timeout=600)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    threads = [threading.Thread(target=start, args=(server,)) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return servers, errors
+
+
+def stop_all() -> None:
+    for server in _servers or []:
+        server.stop()
+
+
+class RunningServer:
+    """A server started outside the tests (`TEXTENV_VLLM_TEST_URLS`): the tests never stop it."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def stop(self) -> None:
+        pytest.skip("the test stops a server, and TEXTENV_VLLM_TEST_URLS servers are not the tests' to stop")

@@ -1,0 +1,217 @@
+"""`VLLMEngine`: the engine entry on vLLM. Episodes ask for turns exactly as they ask the in-process
+`GenerationEngine` (``await engine.generate(context_ids, stop_strings, generation_kwargs, episode=key)``)
+and get the same `Completion`: the ids the server sampled (never a re-tokenisation), their text, the finish
+reason, and the server's log-probability of each id.
+
+- Every request carries its own sampling settings (transformers' names, mapped to vLLM's) and a seed drawn
+  from the episode's random stream, so a seeded run's sampled episodes repeat.
+- An episode keeps the server it started on (its earlier turns stay in that server's prefix cache); new
+  episodes go to the server with the fewest running episodes.
+- Before serving a call whose model weights changed (a PPO step, `load_state_dict`), the weights are sent
+  to every server (`WeightSync`) and the servers' prefix caches are dropped.
+- At first use the servers are checked: same tokenizer as the trainer's, and a model whose log-probabilities
+  on a probe text match the trainer's model (after the first sync when syncing is on).
+- A server that fails a request after its retries fails that episode's turn only (the driver records it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Awaitable, Hashable, Iterable, Sequence
+
+import torch
+
+from textenv.asyncio_bridge import run_sync
+from textenv.engine.engine import DEFAULT_MAX_NEW_TOKENS, Completion
+from textenv.engine.prefix_cache import parameters_fingerprint
+from textenv.engine.sampling import SamplingSettings
+from textenv.engine.unwrapping import decoding_model, unwrap_model
+from textenv.padding import ensure_pad_token
+from textenv.vllm.checks import check_served_model
+from textenv.vllm.client import VLLMServerClient
+from textenv.vllm.weights import WeightSync
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMPath:
+    """What decodes the turns on the vLLM backend (the counterpart of `DecodingPath`)."""
+
+    urls: tuple[str, ...]
+    mode: str = "server"
+    fast: bool = True
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"vLLM {self.mode} ({', '.join(self.urls)})"
+
+
+class VLLMEngine:
+    """Generates model turns on one or more vLLM servers.
+
+    Args:
+        model: the policy (a causal LM, a value-head wrapper, PEFT, accelerate-wrapped); its weights are sent
+            to the servers whenever they changed. May be replaced between calls (`engine.model = ...`).
+        tokenizer: its tokenizer (must be the servers').
+        clients (`list[VLLMServerClient]`): the servers, or anything with the same methods (colocated vLLM).
+        generation_kwargs (`dict`, *optional*): generation settings of every turn, transformers' names.
+        batch_size (`int`, defaults to 32): most requests in flight per server.
+        sync_weights (`bool`, defaults to `True`): send the weights when they change; `False` trusts the
+            servers to serve the policy (then a server whose model differs from `model` is refused).
+        weights_dir (`str`, *optional*): the folder the weights are written to (see `WeightSync`).
+        check_model (`bool`, defaults to `True`): compare the servers' model and tokenizer with the trainer's
+            at first use.
+    """
+
+    def __init__(self, model, tokenizer, clients: Sequence[VLLMServerClient], generation_kwargs: dict | None = None,
+                 batch_size: int = 32, sync_weights: bool = True, weights_dir: str | None = None, check_model: bool = True):
+        if not clients:
+            raise ValueError("The vLLM backend needs at least one server: pass vllm_server_url='http://HOST:PORT'.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.clients = list(clients)
+        self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
+        self.batch_size = batch_size
+        self.check_model = check_model
+        self.weight_sync = WeightSync(self.clients, weights_dir) if sync_weights else None
+        ensure_pad_token(tokenizer)
+        self._pool = ThreadPoolExecutor(max_workers=batch_size * len(self.clients), thread_name_prefix="textenv-vllm")
+        self._server_of: dict[Hashable, int] = {}
+        self._running = [0] * len(self.clients)
+        self._lock = threading.Lock()
+        self._synced_fingerprint: Any = None
+        self._checked = False
+
+    @property
+    def decoding_path(self) -> VLLMPath:
+        return VLLMPath(tuple(client.url for client in self.clients), getattr(self.clients[0], "mode", "server"))
+
+    @property
+    def fast_path(self) -> bool:
+        return True
+
+    @property
+    def sync_seconds(self) -> list[float]:
+        """Seconds each weight sync took (empty without syncing)."""
+        return self.weight_sync.sync_seconds if self.weight_sync is not None else []
+
+    # ------------------------------------------------------------------------------ requests
+    async def generate(self, context_ids: torch.Tensor, stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
+                       *, episode: Hashable | None = None) -> Completion:
+        """Generate one turn from `context_ids` on the episode's server (see `GenerationEngine.generate`)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.prepare)
+        server = self._server_for(episode)
+        stream = getattr(episode, "random_stream", None)
+        request = self._sampling(len(context_ids), stop_strings, generation_kwargs, stream)
+        prompt = context_ids.detach().to("cpu").tolist()
+        served = await loop.run_in_executor(self._pool, self.clients[server].complete, prompt, request)
+        return self._completion(served, context_ids.device)
+
+    def generate_batch(self, contexts: Sequence[torch.Tensor], stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
+                       batch_size: int | None = None, stop_at_eos: bool = True) -> list[Completion]:
+        """One turn for every context, spread over the servers; waits for all (see `GenerationEngine`)."""
+        self.prepare()
+        stop_strings = tuple(stop_strings)
+        futures = []
+        for index, context in enumerate(contexts):
+            request = self._sampling(len(context), stop_strings, generation_kwargs, None)
+            client = self.clients[index % len(self.clients)]
+            futures.append(self._pool.submit(client.complete, context.detach().to("cpu").tolist(), request))
+        return [self._completion(future.result(), context.device) for future, context in zip(futures, contexts)]
+
+    def end_episode(self, episode: Hashable) -> None:
+        with self._lock:
+            server = self._server_of.pop(episode, None)
+            if server is not None:
+                self._running[server] -= 1
+
+    def run_hosted(self, coroutine: Awaitable) -> Any:
+        """Run `coroutine` (episodes generating with this engine) to completion and return its result."""
+        self.prepare()
+        return run_sync(coroutine)
+
+    # ------------------------------------------------------------------------------ weights and checks
+    def prepare(self) -> None:
+        """Check the servers (first call) and send the weights if they changed since the last sync."""
+        with self._lock:
+            model = decoding_model(self.model)
+            fingerprint = parameters_fingerprint(model)
+            if self.weight_sync is not None and fingerprint != self._synced_fingerprint:
+                self.weight_sync.sync(self.model)
+            self._synced_fingerprint = fingerprint
+            if self.check_model and not self._checked:
+                for client in self.clients:
+                    check_served_model(client, unwrap_model(self.model), self.tokenizer, synced=self.weight_sync is not None)
+                self._checked = True
+
+    def sync_weights(self) -> float:
+        """Send the weights now, changed or not; returns the seconds it took."""
+        if self.weight_sync is None:
+            raise ValueError("This engine was made with sync_weights=False.")
+        with self._lock:
+            seconds = self.weight_sync.sync(self.model)
+            self._synced_fingerprint = parameters_fingerprint(decoding_model(self.model))
+        return seconds
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+
+    # ------------------------------------------------------------------------------ helpers
+    def _server_for(self, episode: Hashable | None) -> int:
+        with self._lock:
+            if episode is not None and episode in self._server_of:
+                return self._server_of[episode]
+            server = min(range(len(self.clients)), key=lambda index: self._running[index])
+            if episode is not None:
+                self._server_of[episode] = server
+                self._running[server] += 1
+            return server
+
+    def _sampling(self, context_length: int, stop_strings: Iterable[str], generation_kwargs: dict | None, stream) -> dict[str, Any]:
+        kwargs = {**self.generation_kwargs, **(generation_kwargs or {})}
+        generation_config = getattr(unwrap_model(self.model), "generation_config", None)
+        settings = SamplingSettings.from_kwargs(generation_config, kwargs, DEFAULT_MAX_NEW_TOKENS)
+        if settings is None:
+            setting = SamplingSettings.unsupported_setting(generation_config, kwargs)
+            raise ValueError(f"The vLLM backend does not implement the generation setting {setting}; remove it from generation_kwargs.")
+        return vllm_sampling(settings, tuple(stop_strings), _seed(stream) if settings.do_sample else None)
+
+    def _completion(self, served, device: torch.device) -> Completion:
+        token_ids = torch.tensor(served.token_ids, dtype=torch.long, device=device)
+        logprobs = torch.tensor(served.logprobs, dtype=torch.float32, device=device)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return Completion(token_ids=token_ids, text=text, finish_reason=served.finish_reason, logprobs=logprobs)
+
+
+def vllm_sampling(settings: SamplingSettings, stop_strings: tuple[str, ...], seed: int | None) -> dict[str, Any]:
+    """vLLM's sampling parameters for textenv's `settings` (greedy is temperature 0; top_k 0 means all)."""
+    request: dict[str, Any] = {"max_tokens": settings.max_new_tokens, "stop": list(stop_strings)}
+    if settings.eos_token_ids:
+        request["stop_token_ids"] = sorted(settings.eos_token_ids)
+    if settings.min_new_tokens:
+        request["min_tokens"] = settings.min_new_tokens
+    if not settings.do_sample:
+        request["temperature"] = 0.0
+        return request
+    request.update(temperature=settings.temperature, top_k=settings.top_k or -1, top_p=settings.top_p)
+    if seed is not None:
+        request["seed"] = seed
+    return request
+
+
+def _seed(stream) -> int:
+    """A request seed: from the episode's random stream, else from torch's global generator."""
+    if stream is not None:
+        return int(stream.next_uniform() * (2**31 - 1))
+    return int(torch.randint(0, 2**31 - 1, (1,)).item())
+
+
+__all__ = ["VLLMEngine", "VLLMPath", "vllm_sampling"]

