@@ -8,6 +8,9 @@
 - `text-env`: `TextEnvironment` on episodes of the same shape (same model, turns and token budget; a tool
   answers every turn), for the tokens/s comparison of the two front ends.
 
+`--vllm-url URL` runs `scheduler` or `text-env` on the vLLM server at URL (`engine=VLLMEngine`, see
+`vllm_bench.py`: weights sent and a warm-up before timing, the timed run on a fresh prefix cache).
+
 The env asks a question from a fixed list and answers every reply with a short follow-up; an episode runs
 all `--turns` turns. Prints one `BENCH_RESULT {json}` line: seconds, generated tokens, tokens/s and every
 reply's token ids (to check that the ways generate the same tokens).
@@ -18,9 +21,11 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from functools import partial
 
 import torch
 
+import vllm_bench
 import workload
 from textenv.engine.fast_path import GENERATE
 from textenv.gym.builtin import MATH_RETRY_PROMPT, MATH_SYSTEM_PROMPT
@@ -76,7 +81,7 @@ def load(model_path: str, device: str = "cpu"):
     return model, tokenizer
 
 
-def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
+def run_scheduler(model, tokenizer, episodes: int, turns: int, engine="textenv") -> dict:
     from textenv.gym import Env, GymScheduler, register_env
 
     @register_env("bench_chat")
@@ -93,7 +98,7 @@ def run_scheduler(model, tokenizer, episodes: int, turns: int) -> dict:
             return None
 
     scheduler = GymScheduler(model, tokenizer, gym_env="bench_chat", max_turns=turns, generation_kwargs=greedy_kwargs(),
-                             batch_size=episodes, max_concurrency=episodes, loss_scale="default")
+                             batch_size=episodes, max_concurrency=episodes, loss_scale="default", engine=engine)
     rows = [{"index": index} for index in range(episodes)]
     started = time.perf_counter()
     results = scheduler.run(rows)
@@ -125,7 +130,7 @@ def run_naive(model, tokenizer, episodes: int, turns: int) -> dict:
     return _result(time.perf_counter() - started, replies, NAIVE_PATH)
 
 
-def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
+def run_text_env(model, tokenizer, episodes: int, turns: int, engine="textenv") -> dict:
     """TextEnvironment playing the very same episodes: the prompt is the chat template's rendering of the
     system and first user message, and the legacy hooks are overridden so that every turn ends with the
     env's follow-up, rendered by the template as the Gym renders it. Same tokens in, same tokens out."""
@@ -155,7 +160,8 @@ def run_text_env(model, tokenizer, episodes: int, turns: int) -> dict:
                                       tokenize=False, add_generation_prompt=True)
         for index in range(episodes)
     ]
-    env = ScriptedChatEnvironment(model, tokenizer, {}, None, "", max_turns=turns, generation_kwargs=greedy_kwargs(), batch_size=episodes)
+    env = ScriptedChatEnvironment(model, tokenizer, {}, None, "", max_turns=turns, generation_kwargs=greedy_kwargs(), batch_size=episodes,
+                                   engine=engine)
     started = time.perf_counter()
     *_, histories = env.run(openings)
     seconds = time.perf_counter() - started
@@ -185,7 +191,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     parser.add_argument("--device", default="cpu", help="where the model runs (default: cpu; `cuda` for GPU figures)")
+    parser.add_argument("--vllm-url", default=None, help="scheduler / text-env: decode on the vLLM server at this URL")
     args = parser.parse_args()
+    if args.vllm_url and args.mode == "naive":
+        parser.error("--vllm-url is for the scheduler and text-env modes (the naive loop calls transformers' generate)")
     global SCRIPT, MAX_NEW_TOKENS
     SCRIPT, MAX_NEW_TOKENS = args.script, args.max_new_tokens
     torch.set_num_threads(args.threads)
@@ -194,11 +203,15 @@ def main() -> None:
 
         args.model_path = str(bundled_model_path())
     model, tokenizer = load(args.model_path, args.device)
-    runner = {"scheduler": run_scheduler, "naive": run_naive, "text-env": run_text_env}[args.mode]
+    engine = vllm_bench.prepared_engine(args.vllm_url, model, tokenizer) if args.vllm_url else "textenv"
+    runner = {"scheduler": partial(run_scheduler, engine=engine), "naive": run_naive, "text-env": partial(run_text_env, engine=engine)}[args.mode]
     runner(model, tokenizer, 2, 1)  # warm-up
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
-    workload.emit(runner(model, tokenizer, args.episodes, args.turns))
+    if args.vllm_url:
+        vllm_bench.fresh_cache(engine)
+    result = runner(model, tokenizer, args.episodes, args.turns)
+    workload.emit({**result, **vllm_bench.engine_record(engine)} if args.vllm_url else result)
 
 
 if __name__ == "__main__":

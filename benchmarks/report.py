@@ -131,11 +131,11 @@ def summary_header(with_flops: bool = False, bf16: bool = False) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ turns
-def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[int]) -> str:
+def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[int], label: str = "textenv") -> str:
     """Cost of max_turns k for each side. Legacy takes turns in lockstep: the elapsed time at the end of turn
     k of one greedy max_turns run (greedy decoding makes a max_turns=k run identical to the first k turns of
     a longer one). textenv runs episodes at their own pace, so turn k has no end time: it is measured as a
-    separate max_turns=k run for every k."""
+    separate max_turns=k run for every k. `label` names the textenv side in the header (e.g. "vLLM")."""
     rows = []
     for k in max_turns_list:
         legacy_cum = median([_elapsed_after(r, k) for r in legacy])
@@ -144,7 +144,8 @@ def turns_table(legacy: list[dict], textenv: list[dict], max_turns_list: list[in
         textenv_turn = median([_turn_ms_per_episode(r, k) for r in textenv])
         active = _active_episodes(legacy[0], k)
         rows.append([k, active, legacy_cum, textenv_cum, f"**{ratio(legacy_cum, textenv_cum):.2f}x**", legacy_turn, textenv_turn])
-    header = ["max_turns k", "episodes in turn k", "legacy s (turns 1..k)", "textenv s (turns 1..k)", "speed-up", "legacy ms/episode in turn k", "textenv ms/episode in turn k"]
+    header = ["max_turns k", "episodes in turn k", "legacy s (turns 1..k)", f"{label} s (turns 1..k)", "speed-up",
+              "legacy ms/episode in turn k", f"{label} ms/episode in turn k"]
     return markdown_table(header, rows)
 
 
@@ -263,29 +264,103 @@ def compare_stats(legacy_stats: dict[str, Any], textenv_stats: dict[str, Any]) -
     }
 
 
+GYM_HEADER = ["workload", "naive loop s", "GymScheduler s", "speed-up", "GymScheduler tok/s", "TextEnvironment s",
+              "TextEnvironment tok/s", "tok/s GymScheduler / TextEnvironment", "generated tokens",
+              "peak RSS MiB (naive / Gym / TextEnv)", "decoding path (Gym / TextEnv)"]
+VLLM_SUFFIX = "-vllm"  # the gym modes on the vLLM server: "scheduler-vllm", "text-env-vllm"
+
+
 def gym_table(results: dict, episodes: int, turns: int) -> str:
     """The gym workload: the naive per-turn loop against GymScheduler, and GymScheduler's tokens/s against
-    TextEnvironment's on the same episodes (medians), with token-equality checks."""
+    TextEnvironment's on the same episodes (medians), with token-equality checks; a second row with both
+    front ends on vLLM when the run has them."""
     naive, scheduler, text_env = (results[mode] for mode in ("naive", "scheduler", "text-env"))
-    seconds = {mode: median([run["seconds"] for run in results[mode]]) for mode in ("naive", "scheduler", "text-env")}
-    rate = {mode: median([run["tokens_per_second"] for run in results[mode]]) for mode in ("naive", "scheduler", "text-env")}
-    same_as_naive = scheduler[0]["replies"] == naive[0]["replies"]
-    same_as_text_env = scheduler[0]["replies"] == text_env[0]["replies"]
-    header = ["workload", "naive loop s", "GymScheduler s", "speed-up", "GymScheduler tok/s", "TextEnvironment s",
-              "TextEnvironment tok/s", "tok/s GymScheduler / TextEnvironment", "generated tokens", "peak RSS MiB (naive / Gym / TextEnv)",
-              "decoding path (Gym / TextEnv)"]
-    row = [
-        f"gym ({episodes} episodes x {turns} turns, `{results.get('script', 'chat')}` env)",
-        seconds["naive"], seconds["scheduler"], f"**{ratio(seconds['naive'], seconds['scheduler']):.2f}x**",
-        rate["scheduler"], seconds["text-env"], rate["text-env"], f"{rate['scheduler'] / rate['text-env']:.2f}",
-        scheduler[0]["generated_tokens"],
-        " / ".join(f"{median([run['peak_rss_mb'] for run in results[mode]]):.0f}" for mode in ("naive", "scheduler", "text-env")),
-        f"{path_label(scheduler)} / {path_label(text_env)}",
-    ]
+    label = f"gym ({episodes} episodes x {turns} turns, `{results.get('script', 'chat')}` env)"
+    rows = [_gym_row(label, naive, scheduler, text_env)]
     checks = (
-        f"gym: every reply's token ids equal between GymScheduler and the naive loop: {same_as_naive}; "
-        f"between GymScheduler and TextEnvironment on the same episodes: {same_as_text_env} "
+        f"gym: every reply's token ids equal between GymScheduler and the naive loop: {_replies(scheduler) == _replies(naive)}; "
+        f"between GymScheduler and TextEnvironment on the same episodes: {_replies(scheduler) == _replies(text_env)} "
         f"({scheduler[0]['turns']} turns, {scheduler[0]['generated_tokens']} / {naive[0]['generated_tokens']} / "
         f"{text_env[0]['generated_tokens']} generated tokens)."
     )
-    return markdown_table(header, [row]) + "\n\n" + checks
+    if "scheduler" + VLLM_SUFFIX in results:
+        on_vllm, text_env_on_vllm = results["scheduler" + VLLM_SUFFIX], results["text-env" + VLLM_SUFFIX]
+        rows.append(_gym_row(f"{label} on vLLM", naive, on_vllm, text_env_on_vllm))
+        checks += (
+            f"\n\ngym on vLLM: episodes whose every reply's token ids equal, GymScheduler on vLLM against the in-process "
+            f"GymScheduler: {_equal_episodes(on_vllm, scheduler)}, against the naive loop: {_equal_episodes(on_vllm, naive)}; "
+            f"TextEnvironment on vLLM against GymScheduler on vLLM: {_equal_episodes(text_env_on_vllm, on_vllm)}."
+        )
+    return markdown_table(GYM_HEADER, rows) + "\n\n" + checks
+
+
+def _gym_row(label: str, naive: list[dict], scheduler: list[dict], text_env: list[dict]) -> list[Any]:
+    runs = {"naive": naive, "scheduler": scheduler, "text-env": text_env}
+    seconds = {mode: median([run["seconds"] for run in results]) for mode, results in runs.items()}
+    rate = {mode: median([run["tokens_per_second"] for run in results]) for mode, results in runs.items()}
+    return [
+        label, seconds["naive"], seconds["scheduler"], f"**{ratio(seconds['naive'], seconds['scheduler']):.2f}x**",
+        rate["scheduler"], seconds["text-env"], rate["text-env"], f"{ratio(rate['scheduler'], rate['text-env']):.2f}",
+        scheduler[0]["generated_tokens"],
+        " / ".join(f"{median([run['peak_rss_mb'] for run in results]):.0f}" for results in runs.values()),
+        f"{path_label(scheduler)} / {path_label(text_env)}",
+    ]
+
+
+def _replies(results: list[dict]) -> list:
+    return results[0]["replies"]
+
+
+def _equal_episodes(results: list[dict], reference: list[dict]) -> str:
+    """`"equal/episodes"`: episodes of the first runs whose replies all have the same token ids."""
+    pairs = list(zip(_replies(results), _replies(reference)))
+    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+
+
+# ------------------------------------------------------------------------------ textenv on vLLM
+def rollout_equality_lines(name: str, results: dict[str, list[dict]], run_index: int) -> list[str]:
+    """Token equality of a rollout workload: textenv against legacy, and with a vLLM side, vLLM against
+    legacy and against the in-process engine (`run_index`: textenv's run that matches legacy's)."""
+    legacy, textenv = results["legacy"][0]["runs"][0], results["textenv"][0]["runs"][run_index]
+    lines = [equality_line(name, compare_episodes(legacy, textenv))]
+    if "vllm" in results:
+        on_vllm = results["vllm"][0]["runs"][run_index]
+        lines.append(equality_line(f"{name} on vLLM against legacy", compare_episodes(legacy, on_vllm)))
+        lines.append(equality_line(f"{name} on vLLM against textenv's in-process engine", compare_episodes(textenv, on_vllm)))
+    return lines
+
+
+def vllm_lines(raw: dict) -> list[str]:
+    """What the vLLM rows' figures leave out: the server's start-up, each side process's first weight sync
+    and first use (the served model's checks), and the server's memory."""
+    server, runs = raw["vllm"], _vllm_results(raw)
+    syncs = [result["sync_seconds"][0] for result in runs if result.get("sync_seconds")]
+    prepares = [result["prepare_seconds"] for result in runs if "prepare_seconds" in result]
+    memory = [run["server_rss_mb"] for result in runs for run in result.get("runs", []) if "server_rss_mb" in run]
+    lines = [
+        f"textenv on vLLM: one vLLM server ({server.get('version', 'vLLM')}, `--dtype {server['dtype']}`) "
+        f"for the whole run, ready after {server['startup_seconds']:.0f} s. Each side process on it ({len(runs)}) sends "
+        f"the weights at its engine's first use: the first weight sync took {_spread(syncs)} s, the whole first use (sync "
+        f"and the served model's checks) {_spread(prepares)} s. None of it is in the figures (a warm-up request "
+        "follows, and every timed run starts on an emptied prefix cache).",
+    ]
+    if memory:
+        lines.append(
+            "The vLLM rows' CPU s include the server's processes over the timed run; their peak RSS is the textenv "
+            f"process's only (it holds the model for the weight syncs); the server's resident memory after a run: {_spread(memory, '.0f')} MiB."
+        )
+    return lines
+
+
+def _vllm_results(raw: dict) -> list[dict]:
+    """Every side process's result on vLLM: the rollout workloads' "vllm" side and the gym's "-vllm" modes."""
+    results = [result for name in ("rollout", "turns") for result in raw.get(name, {}).get("vllm", [])]
+    return results + [result for mode, runs in raw.get("gym", {}).items() if mode.endswith(VLLM_SUFFIX) for result in runs]
+
+
+def _spread(values: list[float], spec: str = ".2f") -> str:
+    """`median (min-max)` of some values, or "n/a"."""
+    if not values:
+        return "n/a"
+    text = format(median(values), spec)
+    return text if len(values) == 1 else f"{text} ({format(min(values), spec)}-{format(max(values), spec)})"

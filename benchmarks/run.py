@@ -3,16 +3,19 @@
     python benchmarks/run.py            # all workloads, 3 repeats
     python benchmarks/run.py --quick    # one repeat, fewer turns (a few minutes)
     python benchmarks/run.py --bf16     # textenv in bf16 mixed precision (legacy stays fp32)
+    python benchmarks/run.py --workloads rollout turns gym --engine vllm   # also textenv on a vLLM server
 
 Creates the legacy venv (`benchmarks/.legacy-venv`: trl 0.11.4, transformers 4.46.3) on first use, writes
 the fixed inputs to a temporary folder, measures this machine's matmul ceiling (`flops.py`) in a fresh
 process, then runs every workload in fresh processes, alternating legacy and textenv, and prints medians,
-ratios, model GFLOP/s against the ceiling and token-equality checks as Markdown.
+ratios, model GFLOP/s against the ceiling and token-equality checks as Markdown. With `--engine vllm` it
+starts a vLLM server first (`vllm_bench.py`) and measures textenv on it too, beside the in-process engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,14 +29,18 @@ sys.path.insert(0, str(HERE))
 
 import flops  # noqa: E402
 import report  # noqa: E402
+import vllm_bench  # noqa: E402
 import workload  # noqa: E402
 from legacy_venv import ensure_legacy_venv  # noqa: E402
 
 WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")
 PPO_WORKLOADS = ("ppo-step", "ppo-step-varied")
 SIDE_WORKLOADS = ("rollout", "turns", *PPO_WORKLOADS)  # legacy against textenv
+VLLM_WORKLOADS = ("rollout", "turns", "gym")  # also measured on vLLM with --engine vllm
 PPO_EPOCHS = 4  # PPOConfig's default on both sides
 GYM_MODES = ("naive", "scheduler", "text-env")
+GYM_VLLM_MODES = tuple(mode + report.VLLM_SUFFIX for mode in ("scheduler", "text-env"))
+ON_VLLM = {"vllm": " on vLLM"}  # what a workload's label says of its side
 GYM_EPISODES, GYM_TURNS = 32, 6
 ROLLOUT_QUERIES = 32
 PPO_EPISODES = 8
@@ -55,6 +62,14 @@ def parse_args() -> argparse.Namespace:
         help="run textenv in bf16 mixed precision (rollout: TextEnvironment(mixed_precision='bf16'); PPO: "
         "PPOConfig(accelerator_kwargs={'mixed_precision': 'bf16'})); legacy always runs in fp32",
     )
+    parser.add_argument(
+        "--engine", choices=["textenv", "vllm"], default="textenv",
+        help="textenv: legacy / the naive loop against textenv's in-process engine; vllm: also textenv on a vLLM "
+        "server started for the run (rollout, turns and gym workloads)",
+    )
+    parser.add_argument("--vllm-dtype", choices=vllm_bench.DTYPES, default="float32", help="the vLLM server's --dtype (default: %(default)s, tokens comparable)")
+    parser.add_argument("--rollout-queries", type=int, default=ROLLOUT_QUERIES, help="the rollout workload's episodes (default: %(default)s)")
+    parser.add_argument("--turns-episodes", type=int, default=None, help=f"the turns workload's episodes (default: {ROLLOUT_QUERIES}, 8 with --quick)")
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--gym-episodes", type=int, default=GYM_EPISODES, help="the gym workload's episodes (default: %(default)s)")
     parser.add_argument("--gym-turns", type=int, default=GYM_TURNS, help="the gym workload's turns per episode (default: %(default)s)")
@@ -71,37 +86,49 @@ def main() -> None:
         args.workloads = [name for name in WORKLOADS if name in raw]
         print(render(raw, saved_repeats(raw), args))
         return
-    legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
-    sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), "textenv": (sys.executable, HERE / "textenv_side.py")}
-    raw: dict = {"settings": {"bf16": args.bf16, "threads": args.threads, "quick": args.quick, "repeats": args.repeats}}
-    if any(name in SIDE_WORKLOADS for name in args.workloads):
-        print("[ceiling] matmul GFLOP/s, fp32 and bf16 ...", file=sys.stderr, flush=True)
-        raw["ceiling"] = run_side((sys.executable, HERE / "flops.py"), None, None, threads=args.threads)
-    model_config = flops.load_model_config()
-    with tempfile.TemporaryDirectory(prefix="textenv-bench-") as folder:
-        inputs = write_inputs(Path(folder), quick=args.quick)
-        if any(name in PPO_WORKLOADS for name in args.workloads):
-            run_side(sides["textenv"], "make-value-head", inputs["ppo-step"], threads=args.threads)
-        for name in args.workloads:
-            if name == "gym":
-                raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns)
-                continue
-            if name == "ppo-step":
-                run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
-            raw[name] = measure(name, sides, inputs[name], repeats, args.threads, bf16=args.bf16)
-            raw[name]["model_flops"] = model_flops(name, raw[name], inputs[name], model_config)
+    args.turns_episodes = args.turns_episodes or (8 if args.quick else ROLLOUT_QUERIES)
+    settings = {key: getattr(args, key) for key in ("bf16", "threads", "quick", "repeats", "engine", "vllm_dtype", "rollout_queries", "turns_episodes")}
+    raw: dict = {"settings": settings}
+    on_vllm = args.engine == "vllm" and any(name in VLLM_WORKLOADS for name in args.workloads)
+    with vllm_bench.running_server(args.vllm_dtype) if on_vllm else contextlib.nullcontext() as server:
+        if server is not None:
+            raw["vllm"] = vllm_bench.server_record(server, args.vllm_dtype)
+        measure_all(raw, args, repeats)
     if args.json:
         args.json.write_text(json.dumps(raw))
     print(render(raw, repeats, args))
 
 
-def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
+def measure_all(raw: dict, args: argparse.Namespace, repeats: int) -> None:
+    """Every workload of `args`, into `raw` (textenv on vLLM too where `raw` has a server)."""
+    legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
+    sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), "textenv": (sys.executable, HERE / "textenv_side.py")}
+    if any(name in SIDE_WORKLOADS for name in args.workloads):
+        print("[ceiling] matmul GFLOP/s, fp32 and bf16 ...", file=sys.stderr, flush=True)
+        raw["ceiling"] = run_side((sys.executable, HERE / "flops.py"), None, None, threads=args.threads)
+    model_config = flops.load_model_config()
+    server = raw.get("vllm")
+    with tempfile.TemporaryDirectory(prefix="textenv-bench-") as folder:
+        inputs = write_inputs(Path(folder), args.rollout_queries, args.turns_episodes)
+        if any(name in PPO_WORKLOADS for name in args.workloads):
+            run_side(sides["textenv"], "make-value-head", inputs["ppo-step"], threads=args.threads)
+        for name in args.workloads:
+            if name == "gym":
+                raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns, server)
+                continue
+            if name == "ppo-step":
+                run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
+            raw[name] = measure(name, sides, inputs[name], repeats, args.threads, bf16=args.bf16, server=server if name in VLLM_WORKLOADS else None)
+            raw[name]["model_flops"] = model_flops(name, raw[name], inputs[name], model_config)
+
+
+def write_inputs(folder: Path, rollout_queries: int = ROLLOUT_QUERIES, turns_episodes: int = ROLLOUT_QUERIES) -> dict[str, Path]:
     """The fixed, seeded inputs of every workload, one JSON file each, read by both sides."""
     from textenv.models import bundled_model_path
 
     model_path = str(bundled_model_path())
-    queries, answers = workload.make_calculator_tasks(ROLLOUT_QUERIES, seed=0)
-    chain_queries, chain_answers = workload.make_chain_tasks(8 if quick else ROLLOUT_QUERIES, seed=0)
+    queries, answers = workload.make_calculator_tasks(rollout_queries, seed=0)
+    chain_queries, chain_answers = workload.make_chain_tasks(turns_episodes, seed=0)
     ppo_queries, ppo_answers = workload.make_calculator_tasks(PPO_EPISODES, seed=1)
     common = {"model_path": model_path, "max_new_tokens": MAX_NEW_TOKENS}
     # Both PPO workloads load the same value-head init (written by textenv_side.py --workload make-value-head).
@@ -135,21 +162,25 @@ def write_inputs(folder: Path, quick: bool) -> dict[str, Path]:
     return paths
 
 
-def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int, bf16: bool = False) -> dict[str, list[dict]]:
-    """Run a workload `repeats` times per side in fresh processes, alternating which side goes first.
-    `bf16` is passed to the textenv side only (legacy always runs in fp32)."""
-    results: dict[str, list[dict]] = {"legacy": [], "textenv": []}
+def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int, bf16: bool = False,
+            server: dict | None = None) -> dict[str, list[dict]]:
+    """Run a workload `repeats` times per side in fresh processes, rotating which side goes first.
+    `bf16` is passed to the in-process textenv side only (legacy always runs in fp32); with `server` (see
+    `vllm_bench.server_record`) a third side, "vllm", runs textenv's rollout on that vLLM server."""
     side_workload = "ppo-step" if name in PPO_WORKLOADS else "rollout"
     extra = {"legacy": ["--max-turns", "4"], "textenv": ["--max-turns", "4"]}
     if name == "turns":
         # Legacy's turns end together: one max_turns 8 run gives every turn's end time. textenv's episodes run
         # at their own pace, so each max_turns k is its own run.
         extra = {"legacy": ["--max-turns", str(max(TURNS))], "textenv": ["--max-turns", *map(str, range(1, max(TURNS) + 1))]}
+    if server is not None:
+        sides = {**sides, "vllm": sides["textenv"]}
+        extra["vllm"] = [*extra["textenv"], "--vllm-url", server["url"], "--vllm-pid", str(server["pid"])]
     if bf16:
         extra["textenv"] = [*extra["textenv"], "--bf16"]
+    results: dict[str, list[dict]] = {side: [] for side in sides}
     for repeat in range(repeats):
-        order = ("legacy", "textenv") if repeat % 2 == 0 else ("textenv", "legacy")
-        for side in order:
+        for side in rotated(list(sides), repeat):
             print(f"[{name}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
             results[side].append(run_side(sides[side], side_workload, inputs, extra[side], threads))
     return results
@@ -161,24 +192,34 @@ def model_flops(name: str, results: dict[str, list[dict]], inputs: Path, config:
     if name in PPO_WORKLOADS:
         batch = workload.read_json(workload.read_json(inputs)["batch_path"])
         total = flops.ppo_step_flops(config, map(len, batch["queries"]), map(len, batch["responses"]), PPO_EPOCHS)
-        return {side: total for side in ("legacy", "textenv")}
+        return {side: total for side in results}
     run_index = -1 if name == "turns" else 0
-    return {side: flops.rollout_flops(config, results[side][0]["runs"][run_index]["episodes"]) for side in ("legacy", "textenv")}
+    return {side: flops.rollout_flops(config, results[side][0]["runs"][run_index]["episodes"]) for side in results}
 
 
-def measure_gym(repeats: int, threads: int, script: str, episodes: int = GYM_EPISODES, turns: int = GYM_TURNS) -> dict[str, list[dict]]:
+def measure_gym(repeats: int, threads: int, script: str, episodes: int = GYM_EPISODES, turns: int = GYM_TURNS,
+                server: dict | None = None) -> dict[str, list[dict]]:
     """The gym workload on the main venv: a naive per-turn loop, GymScheduler and TextEnvironment on the
-    same `episodes` x `turns`, each `repeats` times in fresh processes, the order rotated every repeat."""
-    results: dict[str, list[dict]] = {mode: [] for mode in GYM_MODES}
+    same `episodes` x `turns` (and with `server`, GymScheduler and TextEnvironment on that vLLM server),
+    each `repeats` times in fresh processes, the order rotated every repeat."""
+    modes = GYM_MODES + (GYM_VLLM_MODES if server is not None else ())
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
     side = (sys.executable, HERE / "gym_side.py")
     for repeat in range(repeats):
-        order = GYM_MODES[repeat % 3 :] + GYM_MODES[: repeat % 3]
-        for mode in order:
+        for mode in rotated(modes, repeat):
             print(f"[gym] run {repeat + 1}/{repeats}: {mode} ...", file=sys.stderr, flush=True)
-            extra = ["--mode", mode, "--script", script, "--episodes", str(episodes), "--turns", str(turns)]
+            extra = ["--mode", mode.removesuffix(report.VLLM_SUFFIX), "--script", script, "--episodes", str(episodes), "--turns", str(turns)]
+            if mode in GYM_VLLM_MODES:
+                extra += ["--vllm-url", server["url"]]
             results[mode].append(run_side(side, None, None, extra, threads))
     results.update(script=script, episodes=episodes, turns=turns)
     return results
+
+
+def rotated(names, repeat: int) -> list:
+    """The order of repeat `repeat`: `names` rotated left by `repeat` (two sides alternate)."""
+    shift = repeat % len(names)
+    return [*names[shift:], *names[:shift]]
 
 
 def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: list[str] = (), threads: int = workload.NUM_THREADS) -> dict:
@@ -212,24 +253,33 @@ def saved_repeats(raw: dict) -> int:
     return 0
 
 
-def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
-    settings = raw.get("settings", {})  # a saved run's own flags (absent in files saved before they were kept)
-    bf16, threads = settings.get("bf16", args.bf16), settings.get("threads", args.threads)
-    quick, repeats_flag = settings.get("quick", args.quick), settings.get("repeats", args.repeats)
-    command = "python benchmarks/run.py" + (" --quick" if quick else "") + (f" --repeats {repeats_flag}" if repeats_flag else "")
-    command += f" --threads {threads}" if threads != workload.NUM_THREADS else ""
-    command += " --bf16" if bf16 else ""
+def command_line(raw: dict, args: argparse.Namespace) -> str:
+    """The command that made `raw`, from its saved settings (or `args` for settings older files lack)."""
+    settings = {**vars(args), **raw.get("settings", {})}
+    command = "python benchmarks/run.py" + (" --quick" if settings["quick"] else "")
+    command += " --bf16" if settings["bf16"] else ""
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
     gym = raw.get("gym", {})
-    for flag, value, default in (("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
-                                 ("--gym-turns", gym.get("turns"), GYM_TURNS)):
-        command += f" {flag} {value}" if value not in (None, default) else ""
-    precision = (
-        "textenv ran in bf16 mixed precision, legacy in fp32" if bf16 else "both sides in fp32"
+    flags = (
+        ("--repeats", settings["repeats"], None), ("--threads", settings["threads"], workload.NUM_THREADS),
+        ("--engine", settings.get("engine"), "textenv"), ("--vllm-dtype", settings.get("vllm_dtype"), "float32"),
+        ("--rollout-queries", settings.get("rollout_queries"), ROLLOUT_QUERIES),
+        ("--turns-episodes", settings.get("turns_episodes"), 8 if settings["quick"] else ROLLOUT_QUERIES),
+        ("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
+        ("--gym-turns", gym.get("turns"), GYM_TURNS),
     )
+    return command + "".join(f" {flag} {value}" for flag, value, default in flags if value not in (None, default))
+
+
+def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
+    settings = raw.get("settings", {})  # a saved run's own flags (absent in files saved before they were kept)
+    bf16, threads = settings.get("bf16", args.bf16), settings.get("threads", args.threads)
+    precision = "textenv ran in bf16 mixed precision, legacy in fp32" if bf16 else "both sides in fp32"
+    if "vllm" in raw:
+        precision += f"; the vLLM server in {raw['vllm']['dtype']}"
     parts = [
-        f"Command: `{command}` — {repeats} run(s) per side, medians; {precision}; CPU only, torch.set_num_threads({threads}) on "
+        f"Command: `{command_line(raw, args)}` — {repeats} run(s) per side, medians; {precision}; CPU only, torch.set_num_threads({threads}) on "
         f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. No GPU figures: "
         "no GPU was available for these measurements.",
         "",
@@ -244,18 +294,18 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     summary_rows, notes = [], []
     with_flops = bool(ceiling) and all("model_flops" in raw[name] for name in SIDE_WORKLOADS if name in raw)
 
-    def row(name: str, label: str, run_index: int | None) -> list:
+    def row(name: str, label: str, run_index: int | None, side: str = "textenv") -> list:
+        """Legacy against textenv's `side`: "textenv" (the in-process engine) or "vllm"."""
         flop_counts = raw[name].get("model_flops") if with_flops else None
-        return report.summary_row(label, raw[name]["legacy"], raw[name]["textenv"], run_index=run_index,
+        flop_counts = flop_counts and {"legacy": flop_counts["legacy"], "textenv": flop_counts[side]}
+        return report.summary_row(label, raw[name]["legacy"], raw[name][side], run_index=run_index,
                                   model_flops=flop_counts, ceiling=ceiling, bf16=bf16)
 
-    if "rollout" in raw:
-        summary_rows.append(row("rollout", f"rollout ({ROLLOUT_QUERIES} episodes, max_turns 4)", 0))
-        notes.append(report.equality_line("rollout", report.compare_episodes(raw["rollout"]["legacy"][0]["runs"][0], raw["rollout"]["textenv"][0]["runs"][0])))
-    if "turns" in raw:
-        episodes = len(raw["turns"]["legacy"][0]["runs"][0]["episodes"])
-        summary_rows.append(row("turns", f"turns ({episodes} episodes, max_turns {max(TURNS)})", -1))
-        notes.append(report.equality_line("turns", report.compare_episodes(raw["turns"]["legacy"][0]["runs"][0], raw["turns"]["textenv"][0]["runs"][-1])))
+    for name, max_turns, run_index in (("rollout", 4, 0), ("turns", max(TURNS), -1)):
+        if name in raw:
+            label = f"{name} ({len(raw[name]['legacy'][0]['runs'][0]['episodes'])} episodes, max_turns {max_turns})"
+            summary_rows += [row(name, label + ON_VLLM.get(side, ""), run_index, side) for side in ("textenv", "vllm") if side in raw[name]]
+            notes += report.rollout_equality_lines(name, raw[name], run_index)
     labels = {
         "ppo-step": f"ppo-step ({PPO_EPISODES} episodes, {PPO_EPOCHS} epochs, mini-batch 4; 2nd step)",
         "ppo-step-varied": f"ppo-step-varied ({PPO_EPISODES} rows, no shared prompt, {PPO_EPOCHS} epochs, mini-batch 4; 2nd step)",
@@ -283,14 +333,19 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         ]
     if "gym" in raw:
         parts += [report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)), ""]
-    if "turns" in raw:
-        parts += ["How cost grows with turns (`turns` workload):", "", report.turns_table(raw["turns"]["legacy"], raw["turns"]["textenv"], list(TURNS)), ""]
+    for side in ("textenv", "vllm"):
+        if side in raw.get("turns", {}):
+            title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")
+            parts += [f"How cost grows with turns (`turns` workload{title}):", "",
+                      report.turns_table(raw["turns"]["legacy"], raw["turns"][side], list(TURNS), label=label), ""]
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes]
-    decoded = {name: raw[name]["textenv"] for name in ("rollout", "turns") if name in raw}
+    decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:
-        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", "naive")})
+        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive") if mode in raw["gym"]})
     if decoded:
         parts += ["", "What decoded the turns:", ""] + [f"- {line}" for line in report.path_lines(decoded)]
+    if "vllm" in raw:
+        parts += [part for line in report.vllm_lines(raw) for part in ("", line)]
     side_results = any_workload_results(raw)
     if "legacy" in side_results:
         versions = {side: results[0]["versions"] for side, results in side_results.items()}

@@ -5,6 +5,9 @@ both PPO workloads (`--workload make-value-head`).
 
 `--bf16` runs the workload in bf16 mixed precision (`TextEnvironment(..., mixed_precision="bf16")`,
 `PPOConfig(accelerator_kwargs={"mixed_precision": "bf16"})`); the default, as on the legacy side, is fp32.
+`--vllm-url URL` runs the rollout on a vLLM server (`TextEnvironment(..., engine=VLLMEngine)`, see
+`vllm_bench.py`) instead of the in-process engine; `--vllm-pid` (the server's process id, given by run.py)
+adds the server's CPU time to the run's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import warnings
 
 import torch
 
+import vllm_bench
 import workload
 
 warnings.filterwarnings("ignore")
@@ -35,11 +39,13 @@ def warm_up(model, tokenizer) -> None:
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=tokenizer.eos_token_id)
 
 
-def make_environment(model, tokenizer, inputs: dict, max_turns: int, bf16: bool = False):
+def make_environment(model, tokenizer, inputs: dict, max_turns: int, bf16: bool = False, engine=None):
     from textenv import TextEnvironment
 
-    # The keyword is passed only when asked for, so that an fp32 run works with any TextEnvironment.
-    precision = {"mixed_precision": "bf16"} if bf16 else {}
+    # The keywords are passed only when asked for, so that an fp32 in-process run works with any TextEnvironment.
+    options = {"mixed_precision": "bf16"} if bf16 else {}
+    if engine is not None:
+        options["engine"] = engine
     return TextEnvironment(
         model,
         tokenizer,
@@ -48,18 +54,26 @@ def make_environment(model, tokenizer, inputs: dict, max_turns: int, bf16: bool 
         inputs["prompt"],
         max_turns=max_turns,
         generation_kwargs=workload.greedy_generation_kwargs(inputs["max_new_tokens"], tokenizer.eos_token_id),
-        **precision,
+        **options,
     )
 
 
-def run_rollout(inputs: dict, max_turns_list: list[int], bf16: bool = False) -> dict:
+def run_rollout(inputs: dict, max_turns_list: list[int], bf16: bool = False, vllm_url: str | None = None, vllm_pid: int | None = None) -> dict:
+    """Time one `env.run` per max_turns, each with a fresh environment (and a fresh cache: a new in-process
+    engine, or the vLLM server's prefix cache dropped), the episodes at their own pace, as users run them."""
     model, tokenizer = load_model(inputs["model_path"])
-    warm_up(model, tokenizer)
+    engine = vllm_bench.prepared_engine(vllm_url, model, tokenizer) if vllm_url else None
+    if engine is None:
+        warm_up(model, tokenizer)
     runs = []
     for max_turns in max_turns_list:
-        env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16)
-        runs.append(workload.timed_run(env, inputs, time_turns=False))  # as users run it: episodes at own pace
-    return {"runs": runs, "peak_rss_mb": workload.peak_rss_mb(), "decoding_path": str(env.decoding_path)}
+        env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16, engine=engine)
+        if engine is None:
+            runs.append(workload.timed_run(env, inputs, time_turns=False))
+        else:
+            runs.append(vllm_bench.timed_run_on_server(env, engine, inputs, vllm_pid))
+    result = {"runs": runs, "peak_rss_mb": workload.peak_rss_mb(), "decoding_path": str(env.decoding_path)}
+    return result if engine is None else {**result, **vllm_bench.engine_record(engine)}
 
 
 def make_ppo_batch(inputs: dict) -> dict:
@@ -113,11 +127,15 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, nargs="+", default=[4])
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (rollout and ppo-step)")
+    parser.add_argument("--vllm-url", default=None, help="rollout: decode on the vLLM server at this URL")
+    parser.add_argument("--vllm-pid", type=int, default=None, help="the --vllm-url server's process id (its CPU time is counted)")
     args = parser.parse_args()
+    if args.vllm_url and (args.bf16 or args.workload != "rollout"):
+        parser.error("--vllm-url runs the rollout workload in the server's own dtype (no --bf16)")
     torch.set_num_threads(args.threads)
     inputs = workload.read_json(args.inputs)
     if args.workload == "rollout":
-        result = run_rollout(inputs, args.max_turns, bf16=args.bf16)
+        result = run_rollout(inputs, args.max_turns, bf16=args.bf16, vllm_url=args.vllm_url, vllm_pid=args.vllm_pid)
     elif args.workload == "ppo-step":
         result = run_ppo_step(inputs, bf16=args.bf16)
     elif args.workload == "make-value-head":

@@ -50,8 +50,13 @@ def running_server(dtype: str = "float32", log: Callable[[str], None] = _log) ->
 
 
 def server_record(server: Any, dtype: str) -> dict[str, Any]:
-    """What the report says about the server: its dtype, start-up time and process id."""
-    return {"dtype": dtype, "startup_seconds": server.startup_seconds, "url": server.url, "pid": server.process.pid}
+    """What the report says about the server (its dtype, start-up time and vLLM version) and how the sides
+    reach it (URL, process id)."""
+    from textenv.vllm.client import VLLMServerClient
+
+    version = (VLLMServerClient(server.url).request("GET", "/version") or {}).get("version")
+    return {"dtype": dtype, "startup_seconds": server.startup_seconds, "url": server.url, "pid": server.process.pid,
+            "version": f"vLLM {version}" if version else "vLLM"}
 
 
 # ------------------------------------------------------------------------------ the side processes

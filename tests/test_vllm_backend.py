@@ -207,3 +207,37 @@ def test_a_killed_server_fails_only_its_episodes_and_every_episode_is_logged(ser
     assert failed and len(failed) < len(rows)
     assert all("could not be reached" in str(e.error) for e in failed)
     assert len(read_completions(tmp_path / "completions.jsonl")) == len(rows)
+
+
+@pytest.mark.parametrize("task", ["calculator", "gym"])
+def test_textenv_train_with_engine_vllm_syncs_the_weights_before_every_steps_episodes(servers, tmp_path, task):
+    import json
+
+    from textenv.cli import run_command
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"query": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(4)) + "\n")
+    data = ["--task", "gym", "--dataset", str(rows), "--gym_env", "tool_env"] if task == "gym" else []
+    result = run_command([
+        "train", "--model", "bundled", "--lora", "--steps", "4", "--batch_size", "2", "--mini_batch_size", "1", "--learning_rate", "1e-3",
+        "--max_new_tokens", "8", "--no_progress", "--engine", "vllm", "--vllm_server_url", servers[0].url, "--output_dir", str(tmp_path / "out"), *data,
+    ])
+    assert result["steps"] == 2
+    first, second = result["logs"]
+    assert first.weight_sync_seconds > 0 and second.weight_sync_seconds > 0  # the start, then after step 1
+    assert second.stats["time/weight_sync"] == second.weight_sync_seconds
+    histories = [getattr(e, "history", e) for e in second.batch.episodes]
+    assert all(h.token_logprobs[h.token_masks.bool()].isfinite().all() for h in histories)
+
+
+def test_textenv_rollout_with_engine_vllm(servers, tmp_path):
+    from textenv.cli import run_command
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"problem": "What is 2+2?", "solution": "4"}\n')
+    summary = run_command([
+        "rollout", "--model", "bundled", "--dataset", str(rows), "--gym_env", "math_env", "--max_turns", "1", "--temperature", "0",
+        "--engine", "vllm", "--vllm_server_url", servers[0].url, "--output", str(tmp_path / "completions.jsonl"), "--no_progress",
+    ])
+    records = read_completions(tmp_path / "completions.jsonl")
+    assert len(records) == 1 and records[0].get("turn_logprobs") and summary

@@ -186,3 +186,42 @@ def test_the_weights_sent_are_the_policys_with_lora_merged_and_the_policy_is_unt
         torch.testing.assert_close(tensor, expected[name])
     assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"], tiny_model.state_dict()["model.layers.0.self_attn.q_proj.weight"])
     assert all(torch.equal(p, before[name]) for name, p in policy.named_parameters())
+
+
+def test_textenv_serve_reports_a_server_that_cannot_start_with_its_log(capsys, tmp_path):
+    import sys
+
+    from textenv.cli import run_command
+
+    with pytest.raises(SystemExit) as exit_info:  # this Python has no vLLM: the server exits at once
+        run_command(["serve", "--model", str(tmp_path), "--port", str(free_port()), "--vllm_python", sys.executable])
+    assert exit_info.value.code == 1
+    assert "No module named 'vllm'" in capsys.readouterr().err
+
+
+def test_no_vllm_python_names_make_vllm(monkeypatch, tmp_path):
+    from textenv.vllm import server
+
+    monkeypatch.delenv("TEXTENV_VLLM_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(server, "VLLM_VENV", "no-such-venv")
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="make vllm"):
+        server.find_vllm_python()
+
+
+def test_engine_vllm_without_a_url_starts_a_server_for_the_policys_folder(monkeypatch, tiny_model, tmp_path):
+    from types import SimpleNamespace
+
+    from textenv.options import EpisodeArguments
+    from textenv.vllm import server
+
+    tiny_model.config.name_or_path = str(tmp_path)
+    started = []
+    monkeypatch.setattr(server, "shared_server", lambda folder, dtype: started.append((folder, dtype)) or SimpleNamespace(url="http://127.0.0.1:9"))
+    options = EpisodeArguments(engine="vllm", vllm_dtype="bfloat16").engine_options(tiny_model)
+    assert started == [(str(tmp_path), "bfloat16")]
+    assert options == {"engine": "vllm", "vllm_server_url": "http://127.0.0.1:9", "vllm_mode": "server", "mixed_precision": None}
+    tiny_model.config.name_or_path = "not-a-folder"
+    with pytest.raises(ValueError, match="needs the policy's model folder"):
+        EpisodeArguments(engine="vllm").engine_options(tiny_model)

@@ -175,6 +175,11 @@ class GymScheduler:
         return self._engine
 
     @property
+    def engine(self):
+        """The engine serving this front end's turns (a `GenerationEngine`, or a `VLLMEngine` with `engine="vllm"`)."""
+        return self._engine_for_call()
+
+    @property
     def decoding_path(self) -> DecodingPath:
         """How the engine decodes the current model's turns: its own loop, or transformers' `generate` with
         the reason (`GenerationEngine.decoding_path`). A `policy` or an overridden `generate` bypasses it."""

@@ -242,7 +242,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
 
     def on_step(log) -> None:
-        logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}")
+        synced = "" if log.weight_sync_seconds is None else f" weight_sync={log.weight_sync_seconds:.2f}s"
+        logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}{synced}")
         if run.save_steps and (log.step + 1) % run.save_steps == 0:
             sources = gather_object([episodes.state_dict()])  # one per process, in rank order
             folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), {"sources": sources})

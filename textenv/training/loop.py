@@ -36,6 +36,9 @@ class StepLog:
         kl_coef (`float`): `objective/kl_coef`, the KL penalty's weight in this step.
         episode_seconds (`float`): wall time of playing the episodes.
         ppo_seconds (`float`): wall time of `PPOTrainer.step`.
+        weight_sync_seconds (`float`, *optional*): wall time of sending the policy's weights to the vLLM
+            server(s) before this step's episodes (`None` on the in-process engine, which reads them live);
+            also in `stats` as `time/weight_sync`.
         stats (`dict`): every statistic `PPOTrainer.step` returned.
         batch (`EpisodeBatch`): the episodes trained on, with their tokens, scores, masks and texts.
     """
@@ -48,6 +51,7 @@ class StepLog:
     ppo_seconds: float
     stats: dict[str, Any] = field(repr=False)
     batch: EpisodeBatch = field(repr=False)
+    weight_sync_seconds: float | None = None
 
 
 def train(
@@ -94,10 +98,14 @@ def train(
 
             trainer.model.eval()  # the PPO step leaves the policy in train mode
             episodes_started = time.perf_counter()
+            syncs_before = _sync_seconds(episodes)
             batch = episodes.collect(step)
+            weight_sync_seconds = None if syncs_before is None else sum(_sync_seconds(episodes)[len(syncs_before):])
             ppo_started = time.perf_counter()
             stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks, **_rollout_arguments(trainer, batch))
             ppo_seconds = time.perf_counter() - ppo_started
+            if weight_sync_seconds is not None:
+                stats["time/weight_sync"] = weight_sync_seconds
             trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
             if trainer.config.log_with == "tensorboard":
                 trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
@@ -111,6 +119,7 @@ def train(
                 ppo_seconds=ppo_seconds,
                 stats=stats,
                 batch=batch,
+                weight_sync_seconds=weight_sync_seconds,
             )
             logs.append(log)
             bar.set_postfix(reward=f"{log.reward_mean:.2f}", kl=f"{log.kl:.2f}")
@@ -127,6 +136,13 @@ def _rollout_arguments(trainer, batch: EpisodeBatch) -> dict[str, Any]:
     if getattr(trainer.config, "vllm_importance_sampling_correction", False):
         return {"rollout_logprobs": batch.rollout_logprobs()}
     return {}
+
+
+def _sync_seconds(episodes: EpisodeSource) -> list[float] | None:
+    """The seconds of every weight sync so far of the engine `episodes` plays on (`None`: it never syncs)."""
+    front_end = getattr(episodes, "env", None) or getattr(episodes, "scheduler", None)
+    seconds = getattr(getattr(front_end, "engine", None), "sync_seconds", None)
+    return list(seconds) if seconds is not None else None
 
 
 def _recorder(run_dir: str | Path | None, trainer) -> Any:
