@@ -19,6 +19,7 @@ reply's token ids (to check that the ways generate the same tokens).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import warnings
 from functools import partial
@@ -203,15 +204,15 @@ def main() -> None:
 
         args.model_path = str(bundled_model_path())
     model, tokenizer = load(args.model_path, args.device)
-    engine = vllm_bench.prepared_engine(args.vllm_url, model, tokenizer) if args.vllm_url else "textenv"
-    runner = {"scheduler": partial(run_scheduler, engine=engine), "naive": run_naive, "text-env": partial(run_text_env, engine=engine)}[args.mode]
-    runner(model, tokenizer, 2, 1)  # warm-up
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    if args.vllm_url:
-        vllm_bench.fresh_cache(engine)
-    result = runner(model, tokenizer, args.episodes, args.turns)
-    workload.emit({**result, **vllm_bench.engine_record(engine)} if args.vllm_url else result)
+    with vllm_bench.prepared_engine(args.vllm_url, model, tokenizer) if args.vllm_url else contextlib.nullcontext("textenv") as engine:
+        runner = {"scheduler": partial(run_scheduler, engine=engine), "naive": run_naive, "text-env": partial(run_text_env, engine=engine)}[args.mode]
+        runner(model, tokenizer, 2, 1)  # warm-up
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if args.vllm_url:
+            vllm_bench.fresh_cache(engine)
+        result = runner(model, tokenizer, args.episodes, args.turns)
+        workload.emit({**result, **vllm_bench.engine_record(engine)} if args.vllm_url else result)
 
 
 if __name__ == "__main__":

@@ -338,7 +338,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")
             parts += [f"How cost grows with turns (`turns` workload{title}):", "",
                       report.turns_table(raw["turns"]["legacy"], raw["turns"][side], list(TURNS), label=label), ""]
-    parts += ["Same outputs:", ""] + [f"- {note}" for note in notes]
+    parts += ["Same outputs:", ""] + [f"- {note}" for note in notes] if notes else []
     decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:
         decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive") if mode in raw["gym"]})

@@ -13,6 +13,7 @@ adds the server's CPU time to the run's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import warnings
 
 import torch
@@ -62,18 +63,18 @@ def run_rollout(inputs: dict, max_turns_list: list[int], bf16: bool = False, vll
     """Time one `env.run` per max_turns, each with a fresh environment (and a fresh cache: a new in-process
     engine, or the vLLM server's prefix cache dropped), the episodes at their own pace, as users run them."""
     model, tokenizer = load_model(inputs["model_path"])
-    engine = vllm_bench.prepared_engine(vllm_url, model, tokenizer) if vllm_url else None
-    if engine is None:
-        warm_up(model, tokenizer)
-    runs = []
-    for max_turns in max_turns_list:
-        env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16, engine=engine)
+    with vllm_bench.prepared_engine(vllm_url, model, tokenizer) if vllm_url else contextlib.nullcontext() as engine:
         if engine is None:
-            runs.append(workload.timed_run(env, inputs, time_turns=False))
-        else:
-            runs.append(vllm_bench.timed_run_on_server(env, engine, inputs, vllm_pid))
-    result = {"runs": runs, "peak_rss_mb": workload.peak_rss_mb(), "decoding_path": str(env.decoding_path)}
-    return result if engine is None else {**result, **vllm_bench.engine_record(engine)}
+            warm_up(model, tokenizer)
+        runs = []
+        for max_turns in max_turns_list:
+            env = make_environment(model, tokenizer, inputs, max_turns, bf16=bf16, engine=engine)
+            if engine is None:
+                runs.append(workload.timed_run(env, inputs, time_turns=False))
+            else:
+                runs.append(vllm_bench.timed_run_on_server(env, engine, inputs, vllm_pid))
+        result = {"runs": runs, "peak_rss_mb": workload.peak_rss_mb(), "decoding_path": str(env.decoding_path)}
+        return result if engine is None else {**result, **vllm_bench.engine_record(engine)}
 
 
 def make_ppo_batch(inputs: dict) -> dict:

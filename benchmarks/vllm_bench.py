@@ -60,18 +60,23 @@ def server_record(server: Any, dtype: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ the side processes
-def prepared_engine(url: str, model: Any, tokenizer: Any) -> Any:
+@contextmanager
+def prepared_engine(url: str, model: Any, tokenizer: Any) -> Iterator[Any]:
     """A `VLLMEngine` on the server at `url`, ready to time: the weights sent and the served model checked
-    (its first use), then one short greedy request (warm-up)."""
+    (its first use), then one short greedy request (warm-up). Closed when the block ends (its weights
+    folder, about 0.5 GiB under /dev/shm, is removed)."""
     from textenv.engine.backends import build_engine
 
     engine = build_engine("vllm", model, tokenizer, batch_size=32, vllm_server_url=url)
-    started = time.perf_counter()
-    engine.prepare()
-    engine.prepare_seconds = time.perf_counter() - started
-    ids = tokenizer("What is 1+1?", return_tensors="pt").input_ids[0]
-    engine.generate_batch([ids], generation_kwargs={"max_new_tokens": 2, "do_sample": False})
-    return engine
+    try:
+        started = time.perf_counter()
+        engine.prepare()
+        engine.prepare_seconds = time.perf_counter() - started
+        ids = tokenizer("What is 1+1?", return_tensors="pt").input_ids[0]
+        engine.generate_batch([ids], generation_kwargs={"max_new_tokens": 2, "do_sample": False})
+        yield engine
+    finally:
+        engine.close()
 
 
 def fresh_cache(engine: Any) -> None:

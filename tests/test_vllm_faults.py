@@ -196,7 +196,7 @@ def test_textenv_serve_reports_a_server_that_cannot_start_with_its_log(capsys, t
     with pytest.raises(SystemExit) as exit_info:  # this Python has no vLLM: the server exits at once
         run_command(["serve", "--model", str(tmp_path), "--port", str(free_port()), "--vllm_python", sys.executable])
     assert exit_info.value.code == 1
-    assert "No module named 'vllm'" in capsys.readouterr().err
+    assert "No module named 'vllm'" in capsys.readouterr().out  # textenv's log goes to stdout
 
 
 def test_no_vllm_python_names_make_vllm(monkeypatch, tmp_path):
@@ -225,3 +225,31 @@ def test_engine_vllm_without_a_url_starts_a_server_for_the_policys_folder(monkey
     tiny_model.config.name_or_path = "not-a-folder"
     with pytest.raises(ValueError, match="needs the policy's model folder"):
         EpisodeArguments(engine="vllm").engine_options(tiny_model)
+
+
+def test_a_sync_leaves_no_weights_in_shared_memory(tiny_model):
+    import gc
+    import os
+
+    from textenv.vllm import WeightSync
+
+    class ReloadingClient:
+        url, is_local = "http://127.0.0.1:1", True
+
+        def __init__(self):
+            self.seen = []
+
+        def collective_rpc(self, method, kwargs=None, timeout=None):
+            self.seen.append(sorted(os.listdir(kwargs["weights_path"])))
+
+        def reset_prefix_cache(self):
+            pass
+
+    client = ReloadingClient()
+    sync = WeightSync([client])
+    folder = sync.weights_dir
+    assert sync.sync(tiny_model) > 0 and client.seen == [["model.safetensors"]]  # there while the server reloads
+    assert os.listdir(folder) == []  # gone after
+    del sync
+    gc.collect()
+    assert not os.path.exists(folder)

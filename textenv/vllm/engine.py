@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Hashable, Iterable, Sequence
@@ -81,6 +82,7 @@ class VLLMEngine:
         self.weight_sync = WeightSync(self.clients, weights_dir) if sync_weights else None
         ensure_pad_token(tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=batch_size * len(self.clients), thread_name_prefix="textenv-vllm")
+        weakref.finalize(self, self._pool.shutdown, wait=False)
         self._server_of: dict[Hashable, int] = {}
         self._running = [0] * len(self.clients)
         self._lock = threading.Lock()

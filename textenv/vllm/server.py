@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from textenv.logs import setup_logging
 from textenv.vllm.client import VLLMServerClient
 
 logger = logging.getLogger(__name__)
@@ -147,17 +148,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: .venv-vllm/bin/python)")
     parser.add_argument("--kv_cache_gib", type=float, default=2.0, help="CPU backend: KV cache size in GiB")
     args, extra = parser.parse_known_args(argv)
+    setup_logging("info")
     model = resolve_model_folder(args.model)
     server = VLLMServer(model, args.port, args.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib)
-    print(f"Starting vLLM for {model} on {server.url} (log: {server.log_path}) ...", flush=True)
+    logger.info(f"Starting vLLM for {model} on {server.url} (log: {server.log_path}) ...")
     try:
         server.start()
-        print(f"Ready after {server.startup_seconds:.0f} s: {server.url} (/health answers). Ctrl-C stops it.", flush=True)
+        logger.info(f"Ready after {server.startup_seconds:.0f} s: {server.url} (/health answers). Ctrl-C stops it.")
         server.process.wait()
-        print(f"The server exited with {server.process.returncode}; its log ends:\n{server.log_tail()}", file=sys.stderr)
+        logger.error(f"The server exited with {server.process.returncode}; its log ends:\n{server.log_tail()}")
         raise SystemExit(1)
     except RuntimeError as error:  # it did not start
-        print(error, file=sys.stderr)
+        logger.error(str(error))
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         return 0

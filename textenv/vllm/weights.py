@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -85,7 +86,8 @@ class WeightSync:
     Args:
         clients: the servers' `VLLMServerClient`s.
         weights_dir (`str`, *optional*): the folder the checkpoint is written to; every server must be able to
-            read it. Default: a new folder under `/dev/shm` (else the temp folder), for servers on this machine.
+            read it. Default: a new folder under `/dev/shm` (else the temp folder), for servers on this machine,
+            removed with this object. The checkpoint is deleted once every server has reloaded it.
 
     Attributes:
         sync_seconds (`list[float]`): how long each sync took (export, write, reload on every server).
@@ -103,6 +105,8 @@ class WeightSync:
         root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.weights_dir = weights_dir or tempfile.mkdtemp(prefix="textenv-weights-", dir=root)
         os.makedirs(self.weights_dir, exist_ok=True)
+        # The folder this sync made goes with it (or at exit), also when `close` is never called.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.weights_dir, True) if self._own_dir else None
         self.sync_seconds: list[float] = []
         self._methods: dict[str, str] = {}
 
@@ -112,12 +116,15 @@ class WeightSync:
 
         started = time.perf_counter()
         state = checkpoint_state_dict(model)
-        partial = os.path.join(self.weights_dir, "model.safetensors.partial")
+        partial, checkpoint = (os.path.join(self.weights_dir, name) for name in ("model.safetensors.partial", "model.safetensors"))
         save_file(state, partial, metadata={"format": "pt"})
-        os.replace(partial, os.path.join(self.weights_dir, "model.safetensors"))
-        for client in self.clients:
-            self._reload(client)
-            client.reset_prefix_cache()
+        os.replace(partial, checkpoint)
+        try:
+            for client in self.clients:
+                self._reload(client)
+                client.reset_prefix_cache()
+        finally:  # the servers hold the weights now; a copy left in /dev/shm would take the model's size in memory
+            os.remove(checkpoint)
         seconds = time.perf_counter() - started
         self.sync_seconds.append(seconds)
         logger.info("Weights synced to %d vLLM server(s) in %.2f s (%d tensors).", len(self.clients), seconds, len(state))
@@ -143,5 +150,5 @@ class WeightSync:
 
     def close(self) -> None:
         """Remove the folder this sync made (a folder given as `weights_dir` is left)."""
-        if self._own_dir:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()
