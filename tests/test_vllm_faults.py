@@ -253,3 +253,12 @@ def test_a_sync_leaves_no_weights_in_shared_memory(tiny_model):
     del sync
     gc.collect()
     assert not os.path.exists(folder)
+
+
+def test_the_server_environment_is_one_vllm_accepts(monkeypatch):
+    from textenv.vllm.server import WORKER_DIR, server_environment
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    environment = server_environment(2.0)
+    assert environment["VLLM_CPU_KVCACHE_SPACE"] == "2"  # vLLM's int() refuses "2.0"
+    assert environment["VLLM_SERVER_DEV_MODE"] == "1" and environment["PYTHONPATH"].split(":")[0] == str(WORKER_DIR)

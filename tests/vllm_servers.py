@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from textenv.models import bundled_model_path
-from textenv.vllm.server import VLLMServer, find_vllm_python, free_port
+from textenv.vllm.server import VLLMServer, find_vllm_python, free_port, shared_server
 
 _servers: list[VLLMServer] | None = None
 _failure: str | None = None
@@ -38,16 +38,22 @@ def bundled_servers(count: int = 2) -> list[VLLMServer]:
 
 
 def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
-    servers = [VLLMServer(str(bundled_model_path()), free_port(), "float32", vllm_python=python, kv_cache_gib=1) for _ in range(count)]
+    """Start `count` servers at once: the first as `--engine vllm` without a URL starts one (`shared_server`,
+    so that path runs for real), the others directly."""
+    folder = str(bundled_model_path())
+    servers: list = [None] * count
     errors: list[str] = []
 
-    def start(server: VLLMServer) -> None:
+    def start(index: int) -> None:
         try:
-            server.start(timeout=600)
+            if index == 0:
+                servers[0] = shared_server(folder, "float32")
+            else:
+                servers[index] = VLLMServer(folder, free_port(), "float32", vllm_python=python, kv_cache_gib=1).start(timeout=600)
         except RuntimeError as error:
             errors.append(str(error))
 
-    threads = [threading.Thread(target=start, args=(server,)) for server in servers]
+    threads = [threading.Thread(target=start, args=(index,)) for index in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -57,7 +63,8 @@ def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
 
 def stop_all() -> None:
     for server in _servers or []:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 class RunningServer:

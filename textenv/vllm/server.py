@@ -61,14 +61,14 @@ def server_command(python: str, model: str, port: int, dtype: str = "auto", extr
     ]
 
 
-def server_environment(kv_cache_gib: float | None = None) -> dict[str, str]:
+def server_environment(kv_cache_gib: int | None = None) -> dict[str, str]:
     """The server's environment: textenv's worker module importable, dev endpoints on (`/collective_rpc`,
     `/reset_prefix_cache`), and on CPU a KV cache of `kv_cache_gib` GiB (vLLM's CPU default is larger)."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_DIR), environment.get("PYTHONPATH")]))
     environment["VLLM_SERVER_DEV_MODE"] = "1"
-    if kv_cache_gib is not None:
-        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if kv_cache_gib is not None:  # vLLM reads a whole number of GiB ("2.0" fails its int())
+        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
     return environment
 
 
@@ -82,11 +82,11 @@ class VLLMServer:
         vllm_python (`str`, *optional*): the Python to run vLLM with (see `find_vllm_python`).
         extra_args: more `vllm serve` arguments.
         log_path (`str`, *optional*): where the server's output goes (default: a file in the temp folder).
-        kv_cache_gib (`float`, *optional*, defaults to 2): the CPU backend's KV cache size in GiB.
+        kv_cache_gib (`int`, *optional*, defaults to 2): the CPU backend's KV cache size in GiB (whole GiB).
     """
 
     def __init__(self, model: str, port: int, dtype: str = "auto", vllm_python: str | None = None, extra_args: Sequence[str] = (),
-                 log_path: str | None = None, kv_cache_gib: float | None = 2.0):
+                 log_path: str | None = None, kv_cache_gib: int | None = 2):
         self.model, self.port = str(model), port
         self.command = server_command(find_vllm_python(vllm_python), model, port, dtype, extra_args)
         self.environment = server_environment(kv_cache_gib)
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto)")
     parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: .venv-vllm/bin/python)")
-    parser.add_argument("--kv_cache_gib", type=float, default=2.0, help="CPU backend: KV cache size in GiB")
+    parser.add_argument("--kv_cache_gib", type=int, default=2, help="CPU backend: KV cache size in whole GiB")
     args, extra = parser.parse_known_args(argv)
     setup_logging("info")
     model = resolve_model_folder(args.model)
