@@ -262,3 +262,9 @@ def test_the_server_environment_is_one_vllm_accepts(monkeypatch):
     environment = server_environment(2.0)
     assert environment["VLLM_CPU_KVCACHE_SPACE"] == "2"  # vLLM's int() refuses "2.0"
     assert environment["VLLM_SERVER_DEV_MODE"] == "1" and environment["PYTHONPATH"].split(":")[0] == str(WORKER_DIR)
+
+
+def test_turns_past_eos_are_refused_not_cut(tiny_model, tokenizer):
+    engine = VLLMEngine(tiny_model, tokenizer, [VLLMServerClient("http://127.0.0.1:1")], sync_weights=False, check_model=False)
+    with pytest.raises(ValueError, match="stop_at_eos=False"):
+        engine.generate_batch([torch.tensor([1, 2])], stop_at_eos=False)

@@ -117,7 +117,10 @@ class VLLMEngine:
 
     def generate_batch(self, contexts: Sequence[torch.Tensor], stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
                        batch_size: int | None = None, stop_at_eos: bool = True) -> list[Completion]:
-        """One turn for every context, spread over the servers; waits for all (see `GenerationEngine`)."""
+        """One turn for every context, spread over the servers; waits for all (see `GenerationEngine`). A
+        server always ends a turn at EOS: `stop_at_eos=False` is refused."""
+        if not stop_at_eos:
+            raise ValueError("The vLLM backend always stops a turn at EOS; stop_at_eos=False is served by engine='textenv' only.")
         self.prepare()
         stop_strings = tuple(stop_strings)
         futures = []
