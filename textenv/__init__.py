@@ -7,7 +7,7 @@ when a name that needs them is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 __version__ = "0.1.0"
 
@@ -49,12 +49,21 @@ _PUBLIC_NAMES = {
 __all__ = sorted(_PUBLIC_NAMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC_NAMES:
-        raise AttributeError(f"module 'textenv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC_NAMES[name]), name)
-    globals()[name] = value
-    return value
+def lazy_exports(module: str, names: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
+    """A module's `__getattr__` that imports each public name of `names` (name -> module) at its first use and
+    keeps it in `namespace` (the module's globals)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(names[name]), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports("textenv", _PUBLIC_NAMES, globals())
 
 
 def __dir__() -> list[str]:

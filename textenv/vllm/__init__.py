@@ -4,8 +4,7 @@ must import in vLLM's own environment, which lacks textenv's dependencies."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from textenv import lazy_exports
 
 _PUBLIC_NAMES = {
     "VLLMEngine": "textenv.vllm.engine",
@@ -20,8 +19,4 @@ _PUBLIC_NAMES = {
 
 __all__ = list(_PUBLIC_NAMES)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC_NAMES:
-        return getattr(importlib.import_module(_PUBLIC_NAMES[name]), name)
-    raise AttributeError(f"module 'textenv.vllm' has no attribute {name!r}")
+__getattr__ = lazy_exports("textenv.vllm", _PUBLIC_NAMES, globals())
