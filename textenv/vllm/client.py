@@ -154,9 +154,14 @@ class VLLMServerClient:
 
 
 def _finish_reason(choice: dict) -> str:
-    if choice.get("finish_reason") == "length":
+    return finish_reason(choice.get("finish_reason"), choice.get("stop_reason"))
+
+
+def finish_reason(vllm_finish_reason: str | None, stop_reason) -> str:
+    """textenv's finish reason for vLLM's: a token budget, a stop string (`stop_reason` is it), or EOS."""
+    if vllm_finish_reason == "length":
         return FINISH_LENGTH
-    return FINISH_STOP if isinstance(choice.get("stop_reason"), str) else FINISH_EOS
+    return FINISH_STOP if isinstance(stop_reason, str) else FINISH_EOS
 
 
 def _error_detail(error: urllib.error.HTTPError) -> str:

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from textenv.vllm.client import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, ServedTurn
+from textenv.vllm.client import ServedTurn, finish_reason
 from textenv.vllm.server import WORKER_DIR, WORKER_EXTENSION
 
 
@@ -108,8 +108,4 @@ class ColocatedVLLM:
 def _served(completion) -> ServedTurn:
     token_ids = [int(token) for token in completion.token_ids]
     logprobs = [float(step[token].logprob) if step and token in step else math.nan for step, token in zip(completion.logprobs or [], token_ids)]
-    if completion.finish_reason == "length":
-        reason = FINISH_LENGTH
-    else:
-        reason = FINISH_STOP if isinstance(completion.stop_reason, str) else FINISH_EOS
-    return ServedTurn(token_ids, logprobs, reason)
+    return ServedTurn(token_ids, logprobs, finish_reason(completion.finish_reason, completion.stop_reason))
