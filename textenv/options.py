@@ -8,7 +8,8 @@ by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS
 - `EpisodeArguments`: how episodes are played (device, turns, tokens per turn, temperature, tool format, ...);
   `textenv.training.Settings` extends it, so the demo and the examples take the same options as
   `textenv rollout` and `textenv train`.
-- `GymArguments`: where Gym episodes come from (the dataset, the env, plugins, the scheduler's limits).
+- `GymArguments`: where Gym episodes come from (the dataset, the env or a TRL environment class, plugins, the
+  scheduler's limits).
 - `CommandArguments`: logging and progress bars; `ExampleArguments`: what the example scripts add.
 """
 
@@ -108,11 +109,37 @@ class GymArguments:
     max_length: Optional[int] = field(default=None, metadata={"help": "end an episode once its context has this many tokens"})
     max_concurrency: int = field(default=64, metadata={"help": "episodes alive at once"})
     step_timeout: float = field(default=60.0, metadata={"help": "seconds an env reset/step/close may take"})
+    environment_factory: Optional[str] = field(
+        default=None,
+        metadata={"help": "a TRL environment class instead of --gym_env: module:Class or path/to/file.py:Class (name=module:Class,... for several, "
+                  "picked by each row's 'environment' field)"},
+    )
+    tools: Optional[str] = field(default=None, metadata={"help": "with --environment_factory: standalone tool functions, module:func,file.py:func2"})
+    reward_funcs: Optional[str] = field(
+        default=None, metadata={"help": "with --environment_factory: TRL reward functions f(prompts, completions, **kwargs), module:f,... (summed)"}
+    )
 
     def __post_init__(self) -> None:
         from textenv.chat.transcript import check_loss_scale
 
         check_loss_scale(self.loss_scale)
+        if self.environment_factory and self.gym_env:
+            raise ValueError("--gym_env and --environment_factory both choose the env; give one of them.")
+        if (self.tools or self.reward_funcs) and not self.environment_factory:
+            raise ValueError("--tools and --reward_funcs go with --environment_factory (TRL environments).")
+
+    def trl_arguments(self) -> dict[str, Any]:
+        """`GymScheduler`'s `environment_factory`, `tools` and `reward_funcs`, loaded from their options (empty
+        without `--environment_factory`)."""
+        if not self.environment_factory:
+            return {}
+        from textenv.gym.trl_environments import load_environment_factory, load_functions
+
+        return {
+            "environment_factory": load_environment_factory(self.environment_factory),
+            "tools": load_functions(self.tools, "--tools"),
+            "reward_funcs": load_functions(self.reward_funcs, "--reward_funcs"),
+        }
 
     def scheduler(self, model, tokenizer, episode: EpisodeArguments):
         """The `GymScheduler` these options and `episode`'s describe (`max_turns` 0: no limit)."""
@@ -132,6 +159,7 @@ class GymArguments:
             max_length=self.max_length,
             external_plugins=self.external_plugins,
             tool_parser=episode.tool_parser,
+            **self.trl_arguments(),
             **episode.engine_options(model),
         )
 

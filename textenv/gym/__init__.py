@@ -2,7 +2,8 @@
 
 `Env` and `ContextManager` are the contracts; `envs` and `context_managers` map names to classes (extend
 them from a plugin file loaded with `load_plugins`); `GymScheduler` runs episodes and returns them as
-`TextHistory`s for `PPOTrainer.step`.
+`TextHistory`s for `PPOTrainer.step`. `GymScheduler(environment_factory=...)` runs TRL 1.x environment
+classes (`TrlEnvironment`) the way `trl.GRPOTrainer` does.
 """
 
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError
@@ -23,6 +24,7 @@ from textenv.gym.registry import (
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.scheduler import EnvTimeoutError, GymScheduler, RunStats
 from textenv.gym.training import GymSource, evaluate, ppo_batch
+from textenv.gym.trl_environments import TrlEnvironment, TrlEnvironments
 from textenv.gym.validation import EnvContractError
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "SimpleMathEnv",
     "SlidingWindowContextManager",
     "ToolEnv",
+    "TrlEnvironment",
+    "TrlEnvironments",
     "context_managers",
     "envs",
     "evaluate",

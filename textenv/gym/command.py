@@ -4,6 +4,7 @@ Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`,
 `ModelConfig` for the model, `CommandArguments`), plus `RolloutArguments`; ``--config run.yaml`` works here too.
 
     textenv rollout --model bundled --dataset rows.jsonl --gym_env NAME --max_turns 4 --output completions.jsonl
+    textenv rollout --model bundled --dataset rows.jsonl --environment_factory my_env.py:MyEnv --max_new_tokens 64
 """
 
 from __future__ import annotations

@@ -108,10 +108,13 @@ class Env(ABC):
 
         Returns:
             `(observation, info, system_message)`:
-            - observation (`str`): becomes the first user message;
+            - observation (`str` or `list[dict]`): a string becomes the first user message; a non-empty list
+              of ``{"role", "content": str}`` messages is the whole opening conversation (system, few-shot
+              turns, the user's request; it must not end with an assistant message);
             - info (`dict`): JSON-serialisable debug data, logged as `trajectory_infos[0]`;
             - system_message (`str` or `None`): the system prompt; `None` or ``""`` for none (the chat
-              template's default then applies).
+              template's default then applies). With a list opening it is put first, and the list must
+              then not hold a system message itself.
         """
 
     @abstractmethod
@@ -132,6 +135,21 @@ class Env(ABC):
             - done (`bool`): the episode is over;
             - info (`dict`): JSON-serialisable debug data, logged in `trajectory_infos`.
         """
+
+    async def final_reward(self, messages: Messages) -> Optional[float]:
+        """Optional: the reward of the whole episode, added to the sum of the step rewards.
+
+        Called once, before `close`, when the episode ended without an error (`done`, `max_turns` or
+        `max_length`), with the final conversation. The default returns `None`: nothing is added. The TRL
+        adapter (`textenv.gym.trl_environments`) scores an episode here with `get_reward` and `reward_funcs`.
+
+        Args:
+            messages (`list[dict]`): a copy of the final conversation (opening included).
+
+        Returns:
+            A finite float, or `None` for no final reward.
+        """
+        return None
 
     @abstractmethod
     async def close(self) -> None:

@@ -29,8 +29,10 @@ class GymEpisode:
             episode failed before the model replied).
         history (`TextHistory`, *optional*): exact tokens and the loss mask under the scheduler's
             `loss_scale`; `history.reward` is `total_reward`. `None` if the model never replied.
-        total_reward (`float`): sum of the step rewards.
+        total_reward (`float`): sum of the step rewards, plus the final reward if any.
         step_rewards (`list[float]`): one per completed `step`.
+        final_reward (`float`, *optional*): what the env's `final_reward` gave at the end of the episode
+            (`None`: nothing; a TRL environment's `get_reward` and `reward_funcs` give it).
         trajectory_infos (`list[dict]`): the reset info, then every step info.
         num_turns (`int`): model turns taken.
         finish_reason (`str`): `"done"`, `"max_turns"`, `"max_length"` or `"error"`.
@@ -51,6 +53,7 @@ class GymEpisode:
     history: Optional[TextHistory] = None
     total_reward: float = 0.0
     step_rewards: List[float] = field(default_factory=list)
+    final_reward: Optional[float] = None
     trajectory_infos: List[Dict[str, Any]] = field(default_factory=list)
     num_turns: int = 0
     finish_reason: str = FINISH_ERROR
@@ -79,8 +82,8 @@ class GymEpisode:
         return ""
 
     def rollout_infos(self) -> Dict[str, Any]:
-        """ms-swift's `rollout_infos` (plus `finish_reason` and `errors`)."""
-        return {
+        """ms-swift's `rollout_infos` (plus `finish_reason`, `errors`, and `final_reward` when there is one)."""
+        infos = {
             "num_turns": self.num_turns,
             "trajectory_id": self.trajectory_id,
             "total_reward": self.total_reward,
@@ -89,6 +92,9 @@ class GymEpisode:
             "finish_reason": self.finish_reason,
             "errors": list(self.errors),
         }
+        if self.final_reward is not None:
+            infos["final_reward"] = self.final_reward
+        return infos
 
     def rollout_output(self, trained_token_ids: Optional[List[List[int]]] = None) -> RolloutOutput:
         """The episode as ms-swift's `RolloutOutput`, with the trained turns' exact ids."""

@@ -1,10 +1,12 @@
 """One gym episode as the episode driver plays it.
 
-For a dataset row: a fresh env and context manager; `reset` gives the system and first user message; each
+For a dataset row: a fresh env (a registered class, or a TRL environment through `TrlEnvironment`) and
+context manager; `reset` gives the system and first user message (or a whole opening conversation); each
 turn the context manager picks the messages, the model replies (through the chat template, keeping its
 exact token ids), `env.step` sees the conversation, and its observation becomes the next user message
 unless the episode is over. Episodes end on `done`, `max_turns` (no observation is appended after the
-last turn: the ms-swift G1 bug), `max_length`, or an error.
+last turn: the ms-swift G1 bug), `max_length`, or an error; an episode that ended without an error then gets
+the env's `final_reward` (if any) before `close`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from textenv.gym.env import ContextManager, Env
 from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
 from textenv.gym.registry import resolve_context_manager, resolve_env
 from textenv.gym.rows import make_request
-from textenv.gym.validation import check_managed_messages, check_reset_result, check_step_result
+from textenv.gym.validation import check_final_reward, check_managed_messages, check_reset_result, check_step_result
 from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS
 
 
@@ -54,22 +56,42 @@ class GymPlay(Episode):
     async def reset(self) -> None:
         request = self._checked("config", lambda: make_request(self.row))
         self.result.trajectory_id = request.uuid
-        env_config = dict(request.data_dict.get("env_config") or {})
         ctx_config = dict(request.data_dict.get("ctx_config") or {})
-        self.result.env_name = env_config.get("name", self.scheduler.gym_env)
-        env_class = self._checked("config", lambda: resolve_env(env_config, self.scheduler.gym_env))
+        make_env = self._env_maker(request)
         self.manager = self._checked("config", lambda: resolve_context_manager(ctx_config, self.scheduler.context_manager)(ctx_config))
-        self.env = self._checked("config", lambda: env_class(env_config))
+        self.env = self._checked("config", make_env)
         self.scheduler.stats.envs_created += 1
         self.result.closed = False
         reset = await self._env_call("reset", lambda: self.env.reset(request))
         observation, info, system = self._checked("reset", lambda: check_reset_result(reset, type(self.env).__name__))
         self.result.trajectory_infos.append(info)
         renderer, parser = self._checked("reset", self._tool_chat)
-        opening = [{"role": "system", "content": renderer.neutralize(system)}] if system else []
-        opening.append({"role": "user", "content": self._observation_text(observation)})
+        opening = self._opening(observation, system, renderer)
         self.transcript = self._checked("reset", lambda: Transcript(renderer, opening, tool_parser=parser))
         self.stop_strings = tuple(dict.fromkeys([*self.scheduler.stop_strings, *getattr(self.env, "stop_strings", ())]))
+
+    def _env_maker(self, request) -> Callable[[], Env]:
+        """How to build this row's env: the scheduler's TRL environments (`environment_factory`), else the
+        registered class its `env_config` (or `gym_env`) names, resolved now (an unknown name fails here)."""
+        trl = self.scheduler.trl_environments
+        if trl is not None:
+            self.result.env_name = trl.env_name(self.row)
+            return lambda: trl.adapter(self.row)
+        env_config = dict(request.data_dict.get("env_config") or {})
+        self.result.env_name = env_config.get("name", self.scheduler.gym_env)
+        env_class = self._checked("config", lambda: resolve_env(env_config, self.scheduler.gym_env))
+        return lambda: env_class(env_config)
+
+    def _opening(self, observation, system: Optional[str], renderer) -> list:
+        """The first messages: the system prompt (if any) and the observation as the user message, or the
+        opening conversation `reset` returned (its texts defused like any observation)."""
+        opening = [{"role": "system", "content": renderer.neutralize(system)}] if system else []
+        if isinstance(observation, str):
+            return [*opening, {"role": "user", "content": self._observation_text(observation)}]
+        for message in observation:
+            text = renderer.neutralize(message["content"]) if message["role"] == "system" else self._observation_text(message["content"])
+            opening.append({**message, "content": text})
+        return opening
 
     def _tool_chat(self) -> tuple:
         """`(renderer, tool_parser)`: the env's `tool_schemas` (JSON tool calls) described through the chat
@@ -108,10 +130,25 @@ class GymPlay(Episode):
         if self.env is None:
             return
         try:
-            await self._env_call("close", self.env.close)
+            if not self.failures and self.transcript is not None:
+                await self._final_reward()
         finally:
-            self.result.closed = True
-            self.scheduler.stats.envs_closed += 1
+            try:
+                await self._env_call("close", self.env.close)
+            finally:
+                self.result.closed = True
+                self.scheduler.stats.envs_closed += 1
+
+    async def _final_reward(self) -> None:
+        """Add the env's `final_reward` (if it has one and gives a value) to the episode's reward."""
+        final_reward = getattr(self.env, "final_reward", None)
+        if final_reward is None:
+            return
+        value = await self._env_call("final_reward", lambda: final_reward(self.transcript.messages))
+        value = self._checked("final_reward", lambda: check_final_reward(value, type(self.env).__name__))
+        if value is not None:
+            self.result.final_reward = value
+            self.result.total_reward += value
 
     # ------------------------------------------------------------------ the result
     def finish(self) -> GymEpisode:
@@ -156,7 +193,8 @@ class GymPlay(Episode):
 
 
 def completion_record(episode: GymEpisode) -> Dict[str, Any]:
-    """The `completions.jsonl` line of an episode; `turn_logprobs` only when the engine reported some."""
+    """The `completions.jsonl` line of an episode; `final_reward` only when the env gave one, `turn_logprobs`
+    only when the engine reported some."""
     record = {
         "step": episode.step,
         "prompt": episode.prompt,
@@ -173,6 +211,8 @@ def completion_record(episode: GymEpisode) -> Dict[str, Any]:
         "env": episode.env_name,
         "row_index": episode.row_index,
     }
+    if episode.final_reward is not None:
+        record["final_reward"] = episode.final_reward
     if any(logprobs is not None for logprobs in episode.turn_logprobs):
         record["turn_logprobs"] = episode.turn_logprobs
     return record

@@ -11,14 +11,17 @@ A plugin is a Python file that registers its classes when imported::
 
 Load it with ``textenv rollout --external_plugins plugin.py`` or ``load_plugins("plugin.py")``. A dataset
 row picks its classes with ``env_config={"name": "my_env", ...}`` and ``ctx_config={"name": ...}``; the
-row's name wins over the default given on the command line.
+row's name wins over the default given on the command line. `load_object` reads options that name a Python
+object (``module:Name`` or ``path/to/file.py:Name``, e.g. ``--environment_factory``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +101,36 @@ def _load_plugin(path: Path) -> ModuleType:
         raise
     _loaded_plugins[path] = module
     return module
+
+
+def load_object(spec: str, option: str) -> Any:
+    """The object named by ``module:attribute`` (an importable module) or ``path/to/file.py:attribute``.
+
+    Raises:
+        ValueError: `spec` is not of that form, or the module has no such attribute (names `option`).
+    """
+    source, colon, attribute = spec.strip().rpartition(":")
+    if not colon or not source or not attribute:
+        raise ValueError(f"{option}: {spec!r} is not of the form module:Name or path/to/file.py:Name.")
+    if source.endswith(".py") or "/" in source or "\\" in source:
+        module = _load_plugin(Path(source).expanduser().resolve())
+    else:
+        module = _import_module(source)
+    if not hasattr(module, attribute):
+        raise ValueError(f"{option}: {source} has no attribute {attribute!r}.")
+    return getattr(module, attribute)
+
+
+def _import_module(name: str) -> Any:
+    """Import `name`; if it is not found, once more with the working directory on `sys.path` (the `textenv`
+    console script does not put it there, `python -m` does)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name.split(".")[0] or os.getcwd() in sys.path:
+            raise
+    sys.path.append(os.getcwd())
+    return importlib.import_module(name)
 
 
 def resolve_env(env_config: Optional[Mapping[str, Any]], default: Optional[str] = None) -> Type[Env]:

@@ -29,6 +29,7 @@ from textenv.gym.episode import GymEpisode
 from textenv.gym.play import GymPlay, completion_record
 from textenv.gym.registry import load_plugins
 from textenv.gym.rows import load_rows
+from textenv.gym.trl_environments import TrlEnvironments
 
 __all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
 
@@ -90,6 +91,16 @@ class GymScheduler:
         engine (`str`, defaults to `"textenv"`): `"textenv"` (the in-process engine), `"vllm"` (vLLM servers,
             the same episodes with exact tokens and the servers' log-probabilities) or an engine object;
             `vllm_server_url`, `vllm_mode` and `vllm_kwargs` configure vLLM (see `textenv.engine.backends`).
+        environment_factory (`Callable` or `dict[str, Callable]`, *optional*): TRL 1.x environments, as
+            `trl.GRPOTrainer` takes them: a class (or callable) building one environment, or a dict mapping names
+            to such callables (each row's `environment` field picks one). Every row then plays one fresh
+            instance through `TrlEnvironment`; the rows' `env_config` names no env (and `gym_env` must be
+            `None`). One probe instance per factory is built here to check it, then dropped.
+        tools (`list[Callable]`, *optional*): with `environment_factory`, standalone tool functions offered in
+            every episode besides the environment's methods.
+        reward_funcs (`Callable` or `list[Callable]`, *optional*): with `environment_factory`, TRL-style
+            reward functions ``f(prompts, completions, **kwargs) -> list[float]``, summed into each episode's
+            final reward (with `get_reward`, if the environment defines it).
 
     Attributes:
         stats (`RunStats`): counters of the last run.
@@ -119,6 +130,9 @@ class GymScheduler:
         vllm_server_url: Union[str, Sequence[str], None] = None,
         vllm_mode: str = "server",
         vllm_kwargs: Optional[dict] = None,
+        environment_factory: Union[Callable[[], Any], Mapping[str, Callable[[], Any]], None] = None,
+        tools: Optional[Sequence[Callable]] = None,
+        reward_funcs: Union[Callable, Sequence[Callable], None] = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -149,6 +163,13 @@ class GymScheduler:
         self._engine: Any = None
         self._engine_choice = dict(engine=engine, vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs)
         load_plugins(external_plugins)
+        self.trl_environments: Optional[TrlEnvironments] = None
+        if environment_factory is not None:
+            if gym_env is not None:
+                raise ValueError("GymScheduler: give gym_env (a registered Env) or environment_factory (TRL environments), not both.")
+            self.trl_environments = TrlEnvironments(environment_factory, tools=tools, reward_funcs=reward_funcs)
+        elif tools or reward_funcs:
+            raise ValueError("GymScheduler: tools= and reward_funcs= go with environment_factory= (TRL environments); pass it too.")
 
     def chat_tools(self) -> ChatTools:
         """The template and parser for envs with JSON tool calls (set up, and checked, at the first use)."""

@@ -4,28 +4,59 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from textenv.gym.env import Messages
+
+
+OPENING_ROLES = ("system", "user", "assistant", "tool")
 
 
 class EnvContractError(TypeError):
     """An env or context manager returned something that breaks the contract in `textenv.gym.env`."""
 
 
-def check_reset_result(result: Any, env_name: str) -> Tuple[str, Dict[str, Any], Optional[str]]:
-    """`(observation, info, system_message)` from `reset`, with `info=None` read as ``{}``.
+def check_reset_result(result: Any, env_name: str) -> Tuple[Union[str, Messages], Dict[str, Any], Optional[str]]:
+    """`(observation, info, system_message)` from `reset`, with `info=None` read as ``{}``. The observation is
+    a string (the first user message) or a list of messages (the whole opening conversation).
 
     Raises:
-        EnvContractError: not a 3-tuple, a non-string observation or system message, a non-dict info.
+        EnvContractError: not a 3-tuple, an observation that is neither a string nor a valid opening (see
+            `check_opening_messages`), a non-string system message, a system message given twice, a
+            non-dict info.
     """
     where = f"{env_name}.reset"
     observation, info, system = _unpack(result, 3, where, "(observation, info, system_message)")
-    if not isinstance(observation, str):
-        raise EnvContractError(f"{where} returned an observation of type {type(observation).__name__}; expected str.")
+    if isinstance(observation, list):
+        observation = check_opening_messages(observation, where)
+        if system and observation[0]["role"] == "system":
+            raise EnvContractError(f"{where} returned a system_message and an opening that starts with a system message; give one of them.")
+    elif not isinstance(observation, str):
+        raise EnvContractError(
+            f"{where} returned an observation of type {type(observation).__name__}; expected str (or a list of messages: the opening)."
+        )
     if system is not None and not isinstance(system, str):
         raise EnvContractError(f"{where} returned a system_message of type {type(system).__name__}; expected str or None.")
     return observation, _check_info(info, where), system or None
+
+
+def check_opening_messages(messages: Any, where: str) -> Messages:
+    """An opening conversation returned by `reset`: a non-empty list of ``{"role", "content": str}`` dicts
+    (roles system, user, assistant or tool) that does not end with an assistant message.
+
+    Raises:
+        EnvContractError: anything else (the message says which message is wrong).
+    """
+    if not isinstance(messages, list) or not messages:
+        raise EnvContractError(f"{where} returned an empty opening; expected at least one message.")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in OPENING_ROLES or not isinstance(message.get("content"), str):
+            raise EnvContractError(
+                f"{where} returned opening[{index}]={_describe(message)}; expected {{'role': one of {list(OPENING_ROLES)}, 'content': str}}."
+            )
+    if messages[-1]["role"] == "assistant":
+        raise EnvContractError(f"{where} returned an opening that ends with an assistant message; the model replies after the last message.")
+    return messages
 
 
 def check_step_result(result: Any, env_name: str) -> Tuple[Any, float, bool, Dict[str, Any]]:
@@ -49,6 +80,19 @@ def check_step_result(result: Any, env_name: str) -> Tuple[Any, float, bool, Dic
             "user message) or a non-empty list of {'role': 'tool' or 'user', 'content': str} messages."
         )
     return observation, float(reward), done, _check_info(info, where)
+
+
+def check_final_reward(result: Any, env_name: str) -> Optional[float]:
+    """The value of `final_reward` as a float, or `None` (no final reward).
+
+    Raises:
+        EnvContractError: a value that is not a finite real number.
+    """
+    if result is None:
+        return None
+    if isinstance(result, bool) or not isinstance(result, numbers.Real) or not math.isfinite(float(result)):
+        raise EnvContractError(f"{env_name}.final_reward returned {result!r}; expected a finite float or None.")
+    return float(result)
 
 
 def check_managed_messages(messages: Any, name: str) -> Messages:

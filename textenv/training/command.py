@@ -9,6 +9,7 @@ command-line values override the file. Every option takes both spellings, ``--ma
 
     textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --steps 320 --batch_size 16
     textenv train --task gym --dataset rows.jsonl --gym_env tool_env --report_to tensorboard --save_steps 5
+    textenv train --task gym --dataset rows.jsonl --environment_factory my_env.py:MyEnv --reward_funcs my_env.py:reward
     textenv train --config run.yaml --learning_rate 1e-5
 """
 
