@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_summary(summary: dict, settings: training.Settings, args: options.ExampleArguments) -> None:
-    print("\n=== calculator PPO summary ===")
+    print(f"\n=== calculator {settings.algorithm.upper()} summary ===")
     print(f"steps: {summary['steps']} ({summary['episodes']} episodes), model: {settings.model}, lora: {settings.lora}, lr: {settings.learning_rate}")
     print(f"training reward: first step {summary['first_reward']:.2f}, last step {summary['last_reward']:.2f}; final KL {summary['final_kl']:.3f}")
     if "held_out_sampled_accuracy" in summary:

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     figures = training.log_before_after(f"Guess the number: held-out games won of {len(held_out)}", before, after)
     seconds = time.perf_counter() - started
-    print(f"training: {len(logs)} PPO steps x {settings.batch_size} games, lr {settings.learning_rate}, "
-          f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers")
+    print(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} games, lr {settings.learning_rate}, "
+          f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {training.algorithm_summary(settings)}")
     print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     print(f"every game, step by step: textenv view {game.output_dir}")
     return {**figures, "train_rewards": [log.reward_mean for log in logs], "seconds": seconds, "output_dir": game.output_dir}

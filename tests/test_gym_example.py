@@ -92,4 +92,4 @@ def test_gym_example_end_to_end(tmp_path, capsys):
     phases = sorted({episode["phase"] for episode in run.episodes})
     assert phases == ["eval-after-greedy", "eval-after-sampled", "eval-before-greedy", "eval-before-sampled", "train"]
     assert sum(episode["phase"] == "eval-before-greedy" for episode in run.episodes) == 3 and len(run.steps) == 1
-    assert "held-out games won of 3, before -> after PPO" in capsys.readouterr().out
+    assert "held-out games won of 3, before -> after training" in capsys.readouterr().out

@@ -158,8 +158,13 @@ def test_load_policy_tiny_with_lora_on_the_top_layer_and_a_small_value_head():
 def test_load_policy_without_value_head_gives_the_plain_model():
     model, _ = load_policy("tiny", value_head=False, seed=1)
     assert type(model).__name__ == "LlamaForCausalLM" and not model.training
-    with pytest.raises(ValueError, match="needs value_head=True"):
-        load_policy("tiny", value_head=False, lora_rank=4)
+
+
+def test_load_policy_without_value_head_takes_lora_adapters_for_grpo():
+    model, _ = load_policy("tiny", value_head=False, lora_rank=4, lora_layers=1, seed=1)
+    assert type(model).__name__ == "PeftModelForCausalLM" and not hasattr(model, "v_head")
+    trainable = [name for name, param in model.named_parameters() if param.requires_grad]
+    assert trainable and all("lora_" in name and ".layers.1." in name for name in trainable)
 
 
 def test_load_policy_restores_a_saved_value_head(tmp_path, tokenizer):

@@ -53,6 +53,7 @@ QUICK_SETTINGS = replace(
     max_new_tokens=8,
     max_turns=2,
     eval_tasks=2,
+    num_generations=2,
 )
 SMALL_ENV_VAR = "TEXTENV_SMALL"
 DEFAULT_BUDGET_MINUTES = {"tags": 20.0, "json": 45.0}
@@ -92,9 +93,9 @@ def parse(argv: Sequence[str] | None = None) -> tuple[training.Settings, DemoArg
 def print_summary(before: dict, after: dict, settings: training.Settings, steps_run: int, seconds: float, curve: Path) -> None:
     training.log_before_after(f"Calculator agent: held-out accuracy on {settings.eval_tasks} tasks", before, after)
     logger.info(
-        f"training: {steps_run} of {settings.ppo_steps} PPO steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
-        f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, ppo_epochs {settings.ppo_epochs}, "
-        f"init_kl_coef {settings.init_kl_coef}, {settings.mixed_precision or 'float32'}, tool calls as {settings.tool_format}"
+        f"training: {steps_run} of {settings.ppo_steps} {settings.algorithm.upper()} steps x {settings.batch_size} episodes, "
+        f"lr {settings.learning_rate}, LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {training.algorithm_summary(settings)}, "
+        f"{settings.mixed_precision or 'float32'}, tool calls as {settings.tool_format}"
     )
     logger.info(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     logger.info(f"reward curve: {curve}")
@@ -186,7 +187,7 @@ def plot_reward_curve(logs: Sequence[training.StepLog], path: str | Path, held_o
     axis.plot(steps, moving_average(rewards, 4), linewidth=2, label="moving average (4 steps)")
     for (label, accuracy), style in zip((held_out or {}).items(), ("--", ":", "-.", "--")):
         axis.axhline(accuracy, linestyle=style, color="grey", label=label)
-    axis.set_xlabel("PPO step")
+    axis.set_xlabel("training step")
     axis.set_ylabel("mean reward (exact match)")
     axis.set_ylim(-0.02, 1.02)
     axis.set_title("Calculator agent: reward during PPO")

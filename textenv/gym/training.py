@@ -37,7 +37,9 @@ class GymSource:
     """Episodes of dataset rows run by a `GymScheduler`, for `textenv.training.train`.
 
     Each step takes the next rows (cycling through `rows`) until `batch_size` trainable episodes are
-    collected: an episode that failed is logged but not trained on, and another row is run in its place.
+    collected: an episode that failed is logged but not trained on, and another row is run in its place. For
+    GRPO (``collect(step, num_generations=G)``) each row is played G times in a row and whole groups are
+    collected: a group with a failed episode is logged, not trained on, and another row is played instead.
 
     Args:
         scheduler (`GymScheduler`): runs the episodes; its model must be the policy being trained.
@@ -79,22 +81,31 @@ class GymSource:
         for _ in itertools.islice(self._rows, max(0, skip)):
             self.rows_used += 1
 
-    def collect(self, step: int) -> EpisodeBatch:
-        """Run rows until `batch_size` trainable episodes of step `step` are collected.
+    def collect(self, step: int, num_generations: int = 1) -> EpisodeBatch:
+        """Run rows until `batch_size` trainable episodes of step `step` are collected, in whole groups of
+        `num_generations` episodes of the same row.
 
         Raises:
+            ValueError: `batch_size` is not a multiple of `num_generations`.
             RuntimeError: `max_rounds` runs gave fewer than `batch_size` trainable episodes.
         """
+        if self.batch_size % num_generations:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of num_generations ({num_generations}).")
         trainable: List[GymEpisode] = []
         for _ in range(self.max_rounds):
-            rows = list(itertools.islice(self._rows, self.batch_size - len(trainable)))
+            rows = list(itertools.islice(self._rows, (self.batch_size - len(trainable)) // num_generations))
             self.rows_used += len(rows)
-            episodes = self.scheduler.run(rows, step=step, completions_path=self.completions_path)
-            trainable.extend(episode for episode in episodes if episode.trainable)
+            repeated = [dict(row) for row in rows for _ in range(num_generations)]
+            episodes = self.scheduler.run(repeated, step=step, completions_path=self.completions_path)
+            for start in range(0, len(episodes), num_generations):
+                group = episodes[start : start + num_generations]
+                if all(episode.trainable for episode in group):
+                    trainable.extend(group)
             if len(trainable) == self.batch_size:
                 return _episode_batch(trainable)
+        groups = f" (in whole groups of {num_generations})" if num_generations > 1 else ""
         raise RuntimeError(
-            f"only {len(trainable)} of {self.batch_size} episodes were trainable after {self.max_rounds} rounds; "
+            f"only {len(trainable)} of {self.batch_size} episodes were trainable{groups} after {self.max_rounds} rounds; "
             "see the errors in completions.jsonl."
         )
 

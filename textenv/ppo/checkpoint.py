@@ -51,13 +51,15 @@ def save_checkpoint(trainer, output_dir: str | os.PathLike, run_state: dict | No
     if accelerator.is_main_process:
         state = {
             "step": trainer.current_step,
-            "kl_controller": {"type": type(trainer.kl_ctl).__name__, **trainer.kl_ctl.state_dict()},
-            "running_moments": trainer.running.state_dict(),
-            "highest_reward": float(trainer.highest_reward),
+            "trainer": type(trainer).__name__,
             "config": trainer.config.to_dict(),
             "num_processes": accelerator.num_processes,
             "run": run_state or {},
         }
+        if hasattr(trainer, "kl_ctl"):  # PPO's KL control and score statistics (GRPO has neither)
+            state["kl_controller"] = {"type": type(trainer.kl_ctl).__name__, **trainer.kl_ctl.state_dict()}
+            state["running_moments"] = trainer.running.state_dict()
+            state["highest_reward"] = float(trainer.highest_reward)
         (staging / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
         _replace_folder(staging, final)
     accelerator.wait_for_everyone()
@@ -93,7 +95,7 @@ def find_latest_checkpoint(root: str | os.PathLike) -> str | None:
 
 
 def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> dict:
-    """Restore model, optimizer, scheduler, RNG, KL controller, score statistics and step counter.
+    """Restore model, optimizer, scheduler, RNG and step counter (and PPO's KL controller and score statistics).
 
     Returns:
         The saved state (``state["step"]``: PPO steps done; ``state["run"]``: the `run_state` given to
@@ -101,19 +103,25 @@ def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> dict:
 
     Raises:
         FileNotFoundError: the folder is not a complete checkpoint.
+        ValueError: it was saved by the other algorithm's trainer.
     """
     path = Path(checkpoint_dir)
     if not is_complete_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete PPO checkpoint (no {STATE_FILE})")
     state = json.loads((path / STATE_FILE).read_text())
+    if ("kl_controller" in state) != hasattr(trainer, "kl_ctl"):  # a PPO checkpoint into a GRPO trainer or back
+        saved_by = state.get("trainer", "PPOTrainer")
+        raise ValueError(f"{path} was saved by a {saved_by}; resume it with one (this is a {type(trainer).__name__}).")
     trainer.accelerator.load_state(str(path))
+    trainer.current_step = int(state["step"])
+    if not hasattr(trainer, "kl_ctl"):
+        return state
     controller = dict(state["kl_controller"])
     controller_type = controller.pop("type")
     if controller_type != type(trainer.kl_ctl).__name__:
         raise ValueError(f"The checkpoint used {controller_type}, this trainer {type(trainer.kl_ctl).__name__} (adap_kl_ctrl differs)")
     trainer.kl_ctl.load_state_dict(controller)
     trainer.running.load_state_dict(state["running_moments"])
-    trainer.current_step = int(state["step"])
     import torch
 
     trainer.highest_reward = torch.tensor(float(state["highest_reward"]))

@@ -37,7 +37,7 @@ from textenv.ppo.trainer_setup import (
     default_optimizer,
     empty_device_cache,
     init_trackers,
-    launched_on_cpu_only,
+    make_accelerator,
     make_dataloader,
     make_step_in_backward,
     prepare_reference,
@@ -79,26 +79,13 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         lr_scheduler=None,
         training_data_collator: Callable | None = None,
     ):
-        from accelerate import Accelerator
-        from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
+        from accelerate.utils import set_seed
 
         config = config if config is not None else PPOConfig()
         check_constructor_args(config, model, tokenizer, dataset, lr_scheduler)
         self.config = config
         set_seed(config.seed)
-
-        accelerator_kwargs = dict(config.accelerator_kwargs)
-        if launched_on_cpu_only():
-            # accelerate treats a torchrun/mpirun launch on a machine without accelerators as a single process
-            # unless told to use the CPU; say it, so the processes really train together (gloo).
-            accelerator_kwargs.setdefault("cpu", True)
-        accelerator_kwargs.setdefault(
-            "gradient_accumulation_plugin",
-            GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False),
-        )
-        self.accelerator = Accelerator(
-            log_with=config.log_with, project_config=ProjectConfiguration(**config.project_kwargs), **accelerator_kwargs
-        )
+        self.accelerator = make_accelerator(config, config.gradient_accumulation_steps)
         configure_deepspeed(self.accelerator, config)
         config.world_size = self.accelerator.num_processes
         config.global_backward_batch_size = config.backward_batch_size * config.world_size

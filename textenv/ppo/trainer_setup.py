@@ -77,6 +77,23 @@ def launched_on_cpu_only() -> bool:
     return launched and not has_accelerator
 
 
+def make_accelerator(config, gradient_accumulation_steps: int):
+    """The `Accelerator` of a step-based trainer: ``config.accelerator_kwargs``, the tracker and project settings,
+    the CPU on a CPU-only multi-process launch, and gradient accumulation over `gradient_accumulation_steps`."""
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
+
+    accelerator_kwargs = dict(config.accelerator_kwargs)
+    if launched_on_cpu_only():
+        # accelerate treats a torchrun/mpirun launch on a machine without accelerators as a single process
+        # unless told to use the CPU; say it, so the processes really train together (gloo).
+        accelerator_kwargs.setdefault("cpu", True)
+    accelerator_kwargs.setdefault(
+        "gradient_accumulation_plugin", GradientAccumulationPlugin(num_steps=gradient_accumulation_steps, sync_with_dataloader=False)
+    )
+    return Accelerator(log_with=config.log_with, project_config=ProjectConfiguration(**config.project_kwargs), **accelerator_kwargs)
+
+
 def build_reference(trainer, model, ref_model, num_shared_layers):
     """The frozen reference: ``ref_model`` as given, ``None`` for PEFT (adapters disabled), an [`OffloadedReference`]
     or a copy sharing the lower ``num_shared_layers`` layers."""

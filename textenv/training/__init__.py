@@ -14,7 +14,7 @@ from textenv.training.calculator import build_calculator_environment, calculator
 from textenv.training.evaluation import GREEDY_KWARGS, SAMPLING_KWARGS, Evaluation, evaluate, generation_mode, log_before_after, measure, measure_environment, show_episodes
 from textenv.training.loop import StepLog, train
 from textenv.training.policy import LORA_TARGET_MODULES, TINY_MODEL, load_policy, lora_config
-from textenv.training.settings import Settings, build_policy, build_trainer, seed_everything
+from textenv.training.settings import Settings, algorithm_summary, build_policy, build_trainer, seed_everything
 from textenv.training.sources import EpisodeBatch, EpisodeSource, TextEnvironmentSource, split_text
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "TextEnvironmentSource",
     "build_calculator_environment",
     "build_policy",
+    "algorithm_summary",
     "build_trainer",
     "calculator_task_batches",
     "calculator_tasks",

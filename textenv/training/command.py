@@ -1,7 +1,8 @@
 """`textenv train`: one training command for TextEnvironment tasks and Gym datasets, parsed the TRL way.
 
 Options are dataclasses read by TRL's `TrlParser` through `textenv.options.parse_options`: `PPOConfig` (the
-PPO settings), `EpisodeArguments` (how episodes are played, shared with `textenv rollout`, the demo and the
+PPO settings; with ``--algorithm grpo`` its seed, steps, batch sizes, learning rate, gradient clipping and
+tracking are GRPO's too), `AlgorithmArguments` (``--algorithm ppo|grpo`` and GRPO's settings), `EpisodeArguments` (how episodes are played, shared with `textenv rollout`, the demo and the
 examples), `GymArguments` (the dataset and env of ``--task gym``), `RunArguments` (the task, checkpoints,
 tracker, hub), TRL's `ModelConfig` (the model, its dtype and the LoRA flags, turned into adapters by TRL's
 `get_peft_config`) and `CommandArguments` (logging). ``--config run.yaml`` reads any of them from a file;
@@ -11,6 +12,7 @@ command-line values override the file. Every option takes both spellings, ``--ma
     textenv train --task gym --dataset rows.jsonl --gym_env tool_env --report_to tensorboard --save_steps 5
     textenv train --task gym --dataset rows.jsonl --environment_factory my_env.py:MyEnv --reward_funcs my_env.py:reward
     textenv train --config run.yaml --learning_rate 1e-5
+    textenv train --task calculator --algorithm grpo --num_generations 8 --batch_size 16 --learning_rate 2e-5
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class TrainOptions:
     """Everything `textenv train` reads, one object per option class."""
 
     ppo: Any
+    algorithm: Any
     episode: EpisodeArguments
     gym: GymArguments
     run: RunArguments
@@ -73,9 +76,10 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
     """
     from trl import ModelConfig
 
+    from textenv.grpo import AlgorithmArguments
     from textenv.ppo import PPOConfig
 
-    classes = (PPOConfig, EpisodeArguments, GymArguments, RunArguments, ModelConfig, CommandArguments)
+    classes = (PPOConfig, AlgorithmArguments, EpisodeArguments, GymArguments, RunArguments, ModelConfig, CommandArguments)
     options = TrainOptions(*parse_options(classes, argv, prog="textenv train", description=__doc__, defaults={"loss_scale": "all"}))
     run = options.run
     if run.ppo_steps is not None:
@@ -91,6 +95,11 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
         options.ppo.project_kwargs = {**options.ppo.project_kwargs, "logging_dir": str(Path(run.output_dir) / "runs")}
     if options.episode.mixed_precision:
         options.ppo.accelerator_kwargs = {**options.ppo.accelerator_kwargs, "mixed_precision": options.episode.mixed_precision}
+    if options.algorithm.algorithm == "grpo" and options.ppo.batch_size % options.algorithm.num_generations:
+        raise ValueError(
+            f"--batch_size ({options.ppo.batch_size}) must be a multiple of --num_generations ({options.algorithm.num_generations}) "
+            "with --algorithm grpo: a step trains on whole groups."
+        )
     return options
 
 
@@ -99,16 +108,21 @@ def build(options: TrainOptions):
     from trl import get_peft_config
 
     from textenv.training.policy import load_policy
-    from textenv.training.settings import trainer_without_dataset
+    from textenv.training.settings import build_grpo_trainer, trainer_without_dataset
 
+    grpo = options.algorithm.algorithm == "grpo"
     policy, tokenizer = load_policy(
         options.model.model_name_or_path or "bundled",
         device=options.episode.device,
+        value_head=not grpo,
         peft_config=get_peft_config(options.model),
         dtype=options.model.dtype,
         seed=options.ppo.seed,
     )
-    trainer = trainer_without_dataset(options.ppo, policy, tokenizer)
+    if grpo:
+        trainer = build_grpo_trainer(options.ppo, options.algorithm, policy, tokenizer, options.episode.temperature)
+    else:
+        trainer = trainer_without_dataset(options.ppo, policy, tokenizer)
     return trainer, _episode_source(trainer, tokenizer, options)
 
 
@@ -174,6 +188,7 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
         "rewards": [round(reward, 3) for reward in rewards[-5:]],
         "options": {
             "run": {key: value for key, value in asdict(run).items() if key != "hub_token"},
+            "algorithm": asdict(options.algorithm),
             "episode": asdict(options.episode),
             "gym": asdict(options.gym) if run.task == "gym" else None,
             "model": asdict(model_config),

@@ -140,7 +140,7 @@ def log_before_after(title: str, before: dict[str, Evaluation], after: dict[str,
     Returns:
         ``{"sampled_before", "sampled_after", "greedy_before", "greedy_after"}`` accuracies.
     """
-    logger.info(f"\n=== {title}, before -> after PPO ===")
+    logger.info(f"\n=== {title}, before -> after training ===")
     figures = {}
     for mode in MODES:
         change = 100 * (after[mode].accuracy - before[mode].accuracy)

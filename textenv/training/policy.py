@@ -58,39 +58,41 @@ def load_policy(
         device (`str`, defaults to `"cpu"`): torch device of the policy; the weights, adapters and value
             head are created on the CPU first, so a seed gives the same start on every device.
         value_head (`bool`, defaults to `True`): wrap the model in `AutoModelForCausalLMWithValueHead` for PPO;
-            `False` returns the plain causal LM (for running episodes only).
+            `False` returns the plain causal LM (for GRPO, or for running episodes only).
         lora_rank (`int`, defaults to 0): train LoRA adapters of this rank instead of all weights; 0 = no LoRA.
-            Needs `value_head`.
         lora_layers (`int`, defaults to 0): put the adapters on the top `lora_layers` decoder layers only
             (0 = all layers); see `lora_config`.
         value_head_init_std (`float`, defaults to 0): start a new value head with weights ~ N(0, this) and
             bias 0; 0 keeps PyTorch's default initialisation.
         seed (`int`, defaults to 0): the weights of the tiny model.
         peft_config (`peft.PeftConfig`, *optional*): adapters to train, given whole (e.g. from TRL's
-            `get_peft_config`); replaces `lora_rank` / `lora_layers`. Needs `value_head`.
+            `get_peft_config`); replaces `lora_rank` / `lora_layers`.
         dtype (`str` or `torch.dtype`, *optional*): the weights' dtype (`"bfloat16"`, `"float32"`, `"auto"`);
             `None`: the checkpoint's default (float32 for the bundled model).
 
     Returns:
-        `(model, tokenizer)`.
-
-    Raises:
-        ValueError: `lora_rank` without `value_head`.
+        `(model, tokenizer)`: a value-head model or, with ``value_head=False``, the causal LM (a `peft.PeftModel`
+        with adapters).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from textenv.models import load_tokenizer, resolve_model_path, tiny_causal_lm
 
-    if (lora_rank or peft_config is not None) and not value_head:
-        raise ValueError("LoRA adapters are trained with PPO: lora_rank (or peft_config) needs value_head=True.")
     load_options: dict[str, Any] = {} if dtype in (None, "None") else {"dtype": dtype}
     if model == TINY_MODEL:
         source, tokenizer = tiny_causal_lm(seed=seed), load_tokenizer()
     else:
         source = resolve_model_path(model)
         tokenizer = load_tokenizer(source)
+    if peft_config is None and lora_rank:
+        config = AutoConfig.from_pretrained(source) if isinstance(source, str) else source.config
+        peft_config = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
     if not value_head:
         policy = AutoModelForCausalLM.from_pretrained(source, **load_options) if isinstance(source, str) else source
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            policy = get_peft_model(policy, peft_config)
         return policy.to(device).eval(), tokenizer
 
     from textenv.ppo import AutoModelForCausalLMWithValueHead
@@ -98,9 +100,6 @@ def load_policy(
     options: dict[str, Any] = dict(load_options) if isinstance(source, str) else {}
     if peft_config is not None:
         options["peft_config"] = peft_config
-    elif lora_rank:
-        config = AutoConfig.from_pretrained(source) if isinstance(source, str) else source.config
-        options["peft_config"] = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
     if value_head_init_std > 0:
         options.update(v_head_init_strategy="normal", v_head_initializer_range=value_head_init_std)
     policy = AutoModelForCausalLMWithValueHead.from_pretrained(source, **options)

@@ -9,14 +9,16 @@ from typing import Any
 
 import torch
 
+from textenv.grpo.config import AlgorithmArguments, GRPOConfig
 from textenv.options import EpisodeArguments
 from textenv.training.policy import load_policy
 
 
 @dataclass
-class Settings(EpisodeArguments):
+class Settings(EpisodeArguments, AlgorithmArguments):
     """Everything one training run of a `TextEnvironment` task depends on: how episodes are played (the fields
-    of `textenv.options.EpisodeArguments`) and the model, PPO, LoRA and evaluation settings below. The
+    of `textenv.options.EpisodeArguments`), the algorithm (`textenv.grpo.AlgorithmArguments`: ``ppo``, the
+    default, or ``grpo`` and its settings) and the model, PPO, LoRA and evaluation settings below. The
     defaults are the demo's (the calculator agent on a CPU). The demo and the examples read them from the
     command line with `textenv.options.parse_options`; each field's ``help`` says what it holds.
 
@@ -31,10 +33,10 @@ class Settings(EpisodeArguments):
     model: str = field(default="bundled", metadata={"help": "'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests) or a folder / hub id"})
     threads: int = field(default=2, metadata={"help": "torch CPU threads (0: torch's default)"})
     seed: int = field(default=0, metadata={"help": "seed of torch, of the training tasks and of the PPO trainer"})
-    ppo_steps: int = field(default=20, metadata={"help": "PPO steps (each on batch_size episodes)"})
-    batch_size: int = field(default=16, metadata={"help": "episodes per PPO step"})
-    mini_batch_size: int = field(default=4, metadata={"help": "episodes per PPO mini-batch (forward + backward)"})
-    ppo_epochs: int = field(default=1, metadata={"help": "optimisation passes over each batch"})
+    ppo_steps: int = field(default=20, metadata={"help": "training steps (each on batch_size episodes), PPO or GRPO"})
+    batch_size: int = field(default=16, metadata={"help": "episodes per training step (GRPO: a multiple of num_generations)"})
+    mini_batch_size: int = field(default=4, metadata={"help": "episodes per mini-batch (forward + backward)"})
+    ppo_epochs: int = field(default=1, metadata={"help": "PPO: optimisation passes over each batch (GRPO: num_iterations)"})
     learning_rate: float = field(default=2e-4, metadata={"help": "Adam learning rate"})
     init_kl_coef: float = field(default=0.02, metadata={"help": "initial weight of the KL penalty to the reference policy"})
     adap_kl_ctrl: bool = field(default=True, metadata={"help": "adapt the KL weight towards kl_target"})
@@ -47,6 +49,18 @@ class Settings(EpisodeArguments):
     value_head_init_std: float = field(default=1e-3, metadata={"help": "std of the value head's initial weights (0: PyTorch's default init)"})
     eval_tasks: int = field(default=100, metadata={"help": "size of the held-out task set (0: none)"})
     eval_seed: int = field(default=1234, metadata={"help": "seed of the held-out task set"})
+
+    def __post_init__(self) -> None:
+        EpisodeArguments.__post_init__(self)
+        AlgorithmArguments.__post_init__(self)
+
+
+def algorithm_summary(settings: Settings) -> str:
+    """The algorithm's settings in a few words, for the summaries the demo and the examples print."""
+    if settings.algorithm == "grpo":
+        return (f"GRPO: {settings.num_generations} episodes per group, loss {settings.loss_type}, scale_rewards "
+                f"{settings.scale_rewards}, beta {settings.beta}, num_iterations {settings.num_iterations}")
+    return f"PPO: ppo_epochs {settings.ppo_epochs}, init_kl_coef {settings.init_kl_coef}"
 
 
 def seed_everything(seed: int, threads: int = 0) -> None:
@@ -61,11 +75,13 @@ def build_policy(settings: Settings) -> tuple[Any, Any]:
     """`load_policy` with the model, device, LoRA and value-head settings of `settings`.
 
     Returns:
-        `(model, tokenizer)`: an `AutoModelForCausalLMWithValueHead` in eval mode and its tokenizer.
+        `(model, tokenizer)`: for PPO an `AutoModelForCausalLMWithValueHead`, for GRPO the causal LM (with its
+        LoRA adapters), in eval mode, and its tokenizer.
     """
     return load_policy(
         settings.model,
         device=settings.device,
+        value_head=settings.algorithm == "ppo",
         lora_rank=settings.lora_rank if settings.lora else 0,
         lora_layers=settings.lora_layers,
         value_head_init_std=settings.value_head_init_std,
@@ -74,8 +90,9 @@ def build_policy(settings: Settings) -> tuple[Any, Any]:
 
 
 def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = None, name: str = "calculator"):
-    """A `PPOTrainer` for `model` with the PPO settings of `settings` (the reference is the model with its
-    adapters disabled when it uses LoRA, else a frozen copy).
+    """The trainer of `settings.algorithm` for `model`: a `PPOTrainer` with the PPO settings of `settings` (the
+    reference is the model with its adapters disabled when it uses LoRA, else a frozen copy), or a
+    `GRPOTrainer` with the same seed, steps, batch sizes, learning rate and tracking and the GRPO settings.
 
     Args:
         model: the policy, from `build_policy` or `load_policy`.
@@ -85,7 +102,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         name (`str`, defaults to `"calculator"`): the run's name (`exp_name`, tracker project).
 
     Returns:
-        A `PPOTrainer`.
+        A `PPOTrainer` or a `GRPOTrainer`.
     """
     from textenv.ppo import PPOConfig
 
@@ -105,7 +122,17 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         tracker_project_name=name,
         accelerator_kwargs={"mixed_precision": settings.mixed_precision} if settings.mixed_precision else {},
     )
+    if settings.algorithm == "grpo":
+        return build_grpo_trainer(config, settings, model, tokenizer, settings.temperature)
     return trainer_without_dataset(config, model, tokenizer)
+
+
+def build_grpo_trainer(ppo_config, algorithm: AlgorithmArguments, model, tokenizer, temperature: float):
+    """A `GRPOTrainer` whose shared settings are `ppo_config`'s and GRPO settings `algorithm`'s (see
+    `GRPOConfig.from_ppo_config`); `temperature` is the episodes' sampling temperature."""
+    from textenv.grpo import GRPOTrainer
+
+    return GRPOTrainer(GRPOConfig.from_ppo_config(ppo_config, algorithm.grpo_arguments(), temperature), model, tokenizer=tokenizer)
 
 
 def trainer_without_dataset(config, model, tokenizer):

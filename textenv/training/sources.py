@@ -14,6 +14,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 
 from textenv.environment import TextEnvironment, TextHistory
+from textenv.episodes.driver import FINISH_MAX_LENGTH, FINISH_MAX_TURNS
 
 
 @dataclass
@@ -50,6 +51,11 @@ class EpisodeBatch:
             raise ValueError("EpisodeBatch.rollout_logprobs needs the batch's episodes, one TextHistory per response.")
         return [history.response_logprobs() for history in histories]
 
+    def truncated(self) -> list[bool]:
+        """Per episode: did a limit (``max_length``, ``max_turns``, a turn's ``max_new_tokens``) end it rather than
+        the model or the env? For `GRPOTrainer.step(truncated=...)`."""
+        return [episode_truncated(episode) for episode in self.episodes]
+
     @property
     def reward_mean(self) -> float:
         """Mean score of the batch."""
@@ -66,12 +72,33 @@ class EpisodeBatch:
 
 
 class EpisodeSource(Protocol):
-    """Anything that plays one PPO step's episodes: ``collect(step) -> EpisodeBatch``. A source that can be
-    resumed also has ``state_dict()`` and ``load_state_dict(state)``."""
+    """Anything that plays one training step's episodes: ``collect(step) -> EpisodeBatch``. For GRPO the loop
+    calls ``collect(step, num_generations=G)``: the batch is then whole groups, G consecutive episodes of the
+    same task each. A source that can be resumed also has ``state_dict()`` and ``load_state_dict(state)``."""
 
-    def collect(self, step: int) -> EpisodeBatch:
-        """Play the episodes of PPO step `step` (0-based)."""
+    def collect(self, step: int, num_generations: int = 1) -> EpisodeBatch:
+        """Play the episodes of training step `step` (0-based), `num_generations` of each task."""
         ...
+
+
+def episode_truncated(episode: Any) -> bool:
+    """A `TextHistory` that a limit ended, or a `GymEpisode` that ended at ``max_turns`` / ``max_length`` or whose
+    last turn hit ``max_new_tokens``."""
+    if isinstance(episode, TextHistory):
+        return bool(episode.truncated)
+    last_turn = episode.turn_finish_reasons[-1] if episode.turn_finish_reasons else None
+    return episode.finish_reason in (FINISH_MAX_TURNS, FINISH_MAX_LENGTH) or last_turn == "length"
+
+
+def repeat_each(items: Sequence[Any], num_generations: int, name: str) -> list[Any]:
+    """The first ``len(items) / num_generations`` items, each repeated `num_generations` times in a row.
+
+    Raises:
+        ValueError: ``len(items)`` is not a multiple of `num_generations` (`name` says which batch).
+    """
+    if len(items) % num_generations:
+        raise ValueError(f"{name} has {len(items)} tasks, not a multiple of num_generations ({num_generations}).")
+    return [item for item in items[: len(items) // num_generations] for _ in range(num_generations)]
 
 
 def split_text(history: TextHistory) -> tuple[str, str]:
@@ -103,10 +130,14 @@ class TextEnvironmentSource:
             next(self.task_batches)
             self.batches_drawn += 1
 
-    def collect(self, step: int) -> EpisodeBatch:
-        """Run the next batch of tasks through the environment; the score is the episode's reward."""
+    def collect(self, step: int, num_generations: int = 1) -> EpisodeBatch:
+        """Run the next batch of tasks through the environment; the score is the episode's reward. With
+        `num_generations` G > 1 the batch's first 1/G of the tasks are each played G times (GRPO's groups)."""
         queries, answers = next(self.task_batches)
         self.batches_drawn += 1
+        if num_generations > 1:
+            queries = repeat_each(queries, num_generations, "the task batch")
+            answers = repeat_each(list(answers), num_generations, "the task batch")
         query_tokens, responses, masks, rewards, histories = self.env.run(queries, answers=answers)
         return EpisodeBatch(
             queries=query_tokens,

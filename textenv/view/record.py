@@ -15,6 +15,7 @@ step, the episodes of the run that wrote that step last.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections import Counter
@@ -119,7 +120,7 @@ class RunRecorder:
         return records
 
     def record_step(self, log) -> Dict[str, Any]:
-        """Append a PPO step: its episodes (phase ``"train"``, scored as trained) and its `steps.jsonl` line.
+        """Append a training step (PPO or GRPO): its episodes (phase ``"train"``, scored as trained) and its `steps.jsonl` line.
 
         Args:
             log (`StepLog`): the step, as `textenv.training.train` reports it.
@@ -137,7 +138,7 @@ class RunRecorder:
             "reward_mean": log.reward_mean,
             "accuracy": sum(score >= SOLVED_REWARD for score in scores) / len(scores) if scores else None,
             "episodes": len(scores),
-            "kl": log.kl,
+            "kl": None if math.isnan(log.kl) else log.kl,  # GRPO without a reference has none (JSON has no NaN)
             "kl_coef": log.kl_coef,
             "episode_seconds": log.episode_seconds,
             "ppo_seconds": log.ppo_seconds,
