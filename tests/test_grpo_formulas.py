@@ -13,10 +13,9 @@ TRL's own code is executed, not re-typed:
    `_generate_and_score_completions`, `_compute_loss` and backward on a copy of the same weights: the gradients
    of every optimizer step, the advantages and the logged statistics.
 
-Two tests record differences from TRL found here and fail until they are decided on (their docstrings give the
-TRL lines): test_kl_term_with_trl_default_bias_correction (TRL's default use_bias_correction_kl=True weights the
-KL by the ratio; textenv does not) and test_dapo_divisor_when_the_batch_trains_one_token (where dapo's token
-count is clamped to 1).
+Two details these tests found, and textenv now follows: TRL's default ``use_bias_correction_kl=True`` weights the
+KL term by the probability ratio (test_kl_term_with_trl_default_bias_correction), and dapo's token count is
+clamped to 1 before it is scaled to the accumulation window (test_dapo_divisor_when_the_batch_trains_one_token).
 """
 
 import contextlib
@@ -82,8 +81,8 @@ def trl_loss_self(*, loss_type, beta, epsilon_low, epsilon_high, logps, entropie
     token-level GRPO losses (a `SimpleNamespace` raises on any other), in training mode; its
     `_get_per_token_logps_and_entropies` returns the given `logps` (a leaf requiring grad) and `entropies`.
     The other settings are a TRL trainer's defaults (test_stand_in_settings_are_trl_defaults) but
-    `use_bias_correction_kl`, TRL's default True, which textenv does not implement
-    (test_kl_term_with_trl_default_bias_correction)."""
+    `use_bias_correction_kl` (off here, so the plain KL term is checked too; on, with TRL's default, in
+    test_kl_term_with_trl_default_bias_correction)."""
 
     def get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
         assert logits_to_keep == logps.shape[1] and input_ids.shape[0] == logps.shape[0]
@@ -191,13 +190,13 @@ def run_trl_loss(case: LossCase, loss_type, beta, epsilon_high, num_items_in_bat
 
 
 def run_textenv_loss(case: LossCase, loss_type, beta, epsilon_high, *, accumulation_steps=1, max_completion_length=8,
-                     tokens_per_optimizer_step=None):
+                     tokens_per_optimizer_step=None, use_bias_correction_kl=False):
     """textenv's `core` on the case, as `GRPOTrainer._mini_batch_loss` chains it: `(loss, grad, per_token_loss, ratio)`."""
     logps = case.logps.clone().requires_grad_(True)
     old = logps.detach() if case.old is None else case.old
     per_token_loss, ratio = core.clipped_token_loss(logps, old, case.advantages, EPSILON, epsilon_high)
     if beta > 0:
-        per_token_loss = per_token_loss + beta * core.k3_kl(logps, case.ref)
+        per_token_loss = per_token_loss + beta * core.reference_kl(logps, case.ref, ratio if use_bias_correction_kl else None)
     tokens = case.mask.sum().item() if tokens_per_optimizer_step is None else tokens_per_optimizer_step
     loss = core.aggregate_loss(per_token_loss, case.mask, loss_type, accumulation_steps=accumulation_steps,
                                max_completion_length=max_completion_length, tokens_per_optimizer_step=tokens)
@@ -206,9 +205,9 @@ def run_textenv_loss(case: LossCase, loss_type, beta, epsilon_high, *, accumulat
 
 
 def textenv_tokens_per_optimizer_step(generation_batch_tokens, accumulation_steps, mini_batches, num_processes=1):
-    """dapo's divisor as `textenv.grpo.trainer.GRPOTrainer._optimise` computes it (the batch's trained tokens over
-    all processes / processes * accumulation / mini-batches per batch); part 3 checks it through the trainer."""
-    return generation_batch_tokens / num_processes * accumulation_steps / mini_batches
+    """dapo's divisor as `textenv.grpo.trainer.GRPOTrainer._optimise` computes it (`core.dapo_divisor`); part 3
+    checks it through the trainer."""
+    return core.dapo_divisor(generation_batch_tokens, num_processes, accumulation_steps, mini_batches)
 
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
@@ -324,8 +323,7 @@ def test_dapo_divisor_when_the_batch_trains_one_token():
     """dapo with one trained token in a generation batch split in 2 mini-batches, one optimizer step each: TRL
     clamps the token count to 1 before scaling it to the accumulation window (1 * 1 / 2 = 0.5, grpo_trainer.py
     `_compute_loss`: ``normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / num_processes`` then
-    ``* current_gradient_accumulation_steps / steps_per_generation``); textenv clamps after scaling
-    (`aggregate_loss`: ``max(tokens_per_optimizer_step, 1.0)``)."""
+    ``* current_gradient_accumulation_steps / steps_per_generation``), and so does `core.dapo_divisor`."""
     case = make_case("tools_and_padding", "shifted", 0.0)
     case.tool_mask.zero_()
     case.tool_mask[0, 0] = 1
@@ -343,13 +341,15 @@ def test_dapo_divisor_when_the_batch_trains_one_token():
 def test_kl_term_with_trl_default_bias_correction(old):
     """TRL 1.16's default ``use_bias_correction_kl=True`` multiplies the per-token KL by the (differentiable) ratio
     (grpo_trainer.py `_compute_loss`: ``if self.args.use_bias_correction_kl: per_token_kl = per_token_kl * coef_1``);
-    textenv adds ``beta * k3_kl`` unweighted. On-policy the loss values agree (ratio 1) but not the gradients
-    (``d ratio = ratio * d logp`` adds ``beta * kl`` to each token's weight); off-policy neither does."""
+    textenv's default too (`GRPOConfig.use_bias_correction_kl`, `core.reference_kl`). Without it the loss values
+    would agree on-policy (ratio 1) but not the gradients (``d ratio = ratio * d logp`` adds ``beta * kl`` to
+    each token's weight)."""
+    assert GRPOConfig(batch_size=2, mini_batch_size=2, num_generations=2).use_bias_correction_kl is True
     assert {field.name: field.default for field in dataclasses.fields(TRLGRPOConfig)}["use_bias_correction_kl"] is True
     beta = 0.04
     case = make_case("tools_and_padding", old, beta)
     trl_loss, trl_grad, _ = run_trl_loss(case, "dapo", beta, 0.28, use_bias_correction_kl=True)
-    loss, grad, _, _ = run_textenv_loss(case, "dapo", beta, 0.28)
+    loss, grad, _, _ = run_textenv_loss(case, "dapo", beta, 0.28, use_bias_correction_kl=True)
     assert_close(loss, trl_loss, what="loss")
     assert_close(grad, trl_grad, what="d loss / d logps")
 
@@ -517,8 +517,7 @@ def test_one_step_on_a_tiny_model_equals_trl(tmp_path, tokenizer, monkeypatch, l
         tmp_path, tokenizer, str(model_dir), num_generations=2, per_device_train_batch_size=mini_batch_size,
         steps_per_generation=len(E2E_REWARDS) // mini_batch_size, gradient_accumulation_steps=accumulation_steps,
         loss_type=loss_type, beta=beta, epsilon=EPSILON, epsilon_high=0.28, temperature=temperature,
-        max_completion_length=max_completion_length, mask_truncated_completions=True,
-        use_bias_correction_kl=False)  # TRL's default True is not textenv's formula: test_kl_term_with_trl_default_bias_correction
+        max_completion_length=max_completion_length, mask_truncated_completions=True)  # use_bias_correction_kl: both default True
     trl_batch = trl_generation_batch(trl_trainer, E2E_PROMPTS, E2E_COMPLETIONS, E2E_REWARDS, E2E_TOOL_MASKS)
     assert ("old_per_token_logps" in trl_batch) == (accumulation_steps == 1)  # TRL is off-policy with 2 steps
 

@@ -21,7 +21,8 @@ class GRPOArguments:
     its group's mean reward, divided by the group's reward std (``scale_rewards="group"``), the whole batch's
     (``"batch"``) or not at all (``"none"``). The policy loss is PPO's clipped surrogate without a value head,
     clipped to ``[1 - epsilon, 1 + epsilon_high]``, aggregated per `loss_type`, plus ``beta`` times the k3 KL to
-    a reference (``beta=0``: no reference model is loaded).
+    a reference (``beta=0``: no reference model is loaded), weighted by the probability ratio with
+    ``use_bias_correction_kl`` (TRL's default).
     """
 
     num_generations: int = field(default=8, metadata={"help": "GRPO: episodes per prompt (one group); the batch size must be a multiple"})
@@ -31,6 +32,9 @@ class GRPOArguments:
     epsilon_high: Optional[float] = field(default=None, metadata={"help": "GRPO: upper clipping range (default: epsilon; DAPO uses 0.28)"})
     beta: float = field(default=0.0, metadata={"help": "GRPO: weight of the KL to the reference model (0: no reference model is loaded)"})
     num_iterations: int = field(default=1, metadata={"help": "GRPO: optimisation passes over each batch (TRL's mu)"})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "GRPO: weight the KL term by the probability ratio (TRL's default; only with beta > 0)"}
+    )
     mask_truncated_completions: bool = field(default=False, metadata={"help": "GRPO: train nothing on episodes a limit ended (max_length, max_turns, max_new_tokens)"})
     max_completion_length: Optional[int] = field(default=None, metadata={"help": "GRPO: the dr_grpo loss's divisor (default: the batch's longest response)"})
 

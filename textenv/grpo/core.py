@@ -12,7 +12,9 @@ from trl.trainer.utils import nanstd
 STD_EPSILON = 1e-4  # TRL's: advantages / (std + 1e-4)
 
 
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> tuple[torch.Tensor, torch.Tensor]:
+def group_advantages(
+    rewards: torch.Tensor, num_generations: int, scale_rewards: str, all_rewards: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each episode's reward minus its group's mean, scaled by a reward std.
 
     Args:
@@ -21,6 +23,8 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
         num_generations (`int`): `G`, episodes per group.
         scale_rewards (`str`): divide by the group's std (``"group"``), the batch's (``"batch"``) or not at all
             (``"none"``), each plus 1e-4.
+        all_rewards (`torch.Tensor`, *optional*): the rewards of every process's batch, whose std ``"batch"``
+            takes (as TRL gathers them); `None`: `rewards`.
 
     Returns:
         `(advantages, std_rewards)`, both `[B]`; `std_rewards` is the std the advantage was (or, for ``"none"``,
@@ -31,7 +35,8 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
     if scale_rewards in ("group", "none"):
         std_rewards = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 else torch.zeros_like(rewards)
     elif scale_rewards == "batch":
-        std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        all_rewards = rewards if all_rewards is None else all_rewards
+        std_rewards = nanstd(all_rewards).expand_as(rewards) if all_rewards.numel() > 1 else torch.zeros_like(rewards)
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
     advantages = rewards - group_mean
@@ -67,6 +72,19 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
+def reference_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, ratio: torch.Tensor | None) -> torch.Tensor:
+    """The KL term per token (`[B, T]`): `k3_kl`, times the probability `ratio` (with its gradient) when given,
+    TRL's ``use_bias_correction_kl`` (an importance-sampling correction for samples of the old policy)."""
+    per_token_kl = k3_kl(logprobs, ref_logprobs)
+    return per_token_kl if ratio is None else per_token_kl * ratio
+
+
+def dapo_divisor(batch_tokens: float, num_processes: int, accumulation_steps: int, mini_batches: int) -> float:
+    """``dapo``'s divisor: the trained tokens of one optimizer step on one process, on average. As TRL: the
+    batch's trained tokens over all processes (at least 1) / processes * accumulation steps / mini-batches."""
+    return max(batch_tokens, 1.0) / num_processes * accumulation_steps / mini_batches
+
+
 def aggregate_loss(
     per_token_loss: torch.Tensor,
     mask: torch.Tensor,
@@ -86,8 +104,7 @@ def aggregate_loss(
             optimizer step (a token mean across episodes).
         accumulation_steps (`int`): mini-batches per optimizer step (``grpo`` and ``dr_grpo`` divide by it).
         max_completion_length (`int`): the ``dr_grpo`` divisor.
-        tokens_per_optimizer_step (`float`): the ``dapo`` divisor: trained tokens per optimizer step and process
-            (TRL: the batch's tokens over all processes / processes * accumulation / mini-batches per batch).
+        tokens_per_optimizer_step (`float`): the ``dapo`` divisor (`dapo_divisor`).
 
     Returns:
         The scalar loss to call backward on.
@@ -98,7 +115,7 @@ def aggregate_loss(
     if loss_type == "dr_grpo":
         return masked.sum() / (per_token_loss.size(0) * max_completion_length) / accumulation_steps
     if loss_type == "dapo":
-        return masked.sum() / max(tokens_per_optimizer_step, 1.0)
+        return masked.sum() / tokens_per_optimizer_step
     raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}.")
 
 

@@ -27,12 +27,13 @@ from textenv.grpo import core
 from textenv.grpo.batch import GroupBatch, pad_group_batch, response_logprobs
 from textenv.grpo.config import GRPOConfig
 from textenv.padding import pad_token_id
+from textenv.ppo.checkpoint import TrainerSaving
 from textenv.ppo.reference_model import create_reference_model
 from textenv.ppo.step_stats import StepStatisticsMixin
 from textenv.ppo.trainer_setup import default_optimizer, init_trackers, is_value_head_model, make_accelerator
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainerSaving):
     """Group Relative Policy Optimisation on given (query, response, score) triples, one ``step`` at a time.
 
     Args:
@@ -119,7 +120,8 @@ class GRPOTrainer:
         _check_step_args(config, queries, responses, scores, response_masks, truncated)
         device = self.accelerator.device
         rewards = torch.stack([torch.as_tensor(score, dtype=torch.float32).reshape(()) for score in scores]).to(device)
-        advantages, std_rewards = core.group_advantages(rewards, config.num_generations, config.scale_rewards)
+        all_rewards = self.accelerator.gather(rewards) if config.scale_rewards == "batch" else None
+        advantages, std_rewards = core.group_advantages(rewards, config.num_generations, config.scale_rewards, all_rewards)
         batch = pad_group_batch(queries, responses, response_masks, self.pad_token_id, device)
         truncated_rows = torch.tensor([bool(t) for t in truncated], device=device) if truncated is not None else None
         if config.mask_truncated_completions and truncated_rows is not None:
@@ -163,7 +165,7 @@ class GRPOTrainer:
         config = self.config
         accumulation = config.gradient_accumulation_steps
         tokens = self.accelerator.reduce(batch.loss_mask.sum(), reduction="sum").item()
-        tokens_per_optimizer_step = tokens / self.accelerator.num_processes * accumulation / config.mini_batches
+        tokens_per_optimizer_step = core.dapo_divisor(tokens, self.accelerator.num_processes, accumulation, config.mini_batches)
         max_completion_length = config.max_completion_length or batch.completion_ids.shape[1]
         order = torch.randperm(len(advantages), device=advantages.device)  # one shuffle per batch, as TRL's buffer
         totals = dict.fromkeys(("tokens", "entropy", "kl", "low", "high", "region"), 0.0)
@@ -192,7 +194,7 @@ class GRPOTrainer:
         per_token_loss, ratio = core.clipped_token_loss(logprobs, old, advantages[rows], config.epsilon_low, config.upper_epsilon)
         mask = mini_batch.loss_mask
         if ref_logprobs is not None:
-            per_token_kl = core.k3_kl(logprobs, ref_logprobs[rows])
+            per_token_kl = core.reference_kl(logprobs, ref_logprobs[rows], ratio if config.use_bias_correction_kl else None)
             per_token_loss = per_token_loss + config.beta * per_token_kl
             totals["kl"] += (per_token_kl.detach() * mask).sum().item()
         totals["tokens"] += mask.sum().item()
@@ -237,29 +239,6 @@ class GRPOTrainer:
             "tokens/responses_len_mean": batch.completion_mask.sum(1).float().mean().item(),
             "tokens/trained": trained / config.num_iterations,
         }
-
-    # ---------------------------------------------------------------------------------------------
-    # saving
-    # ---------------------------------------------------------------------------------------------
-    def save_pretrained(self, save_directory: str) -> None:
-        """Save the policy (its adapters, for PEFT) and the tokenizer for ``from_pretrained``."""
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            self.accelerator.unwrap_model(self.model).save_pretrained(save_directory)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(save_directory)
-
-    def save_checkpoint(self, output_dir: str) -> str:
-        """Save everything needed to resume (see [`textenv.ppo.checkpoint.save_checkpoint`])."""
-        from textenv.ppo.checkpoint import save_checkpoint
-
-        return save_checkpoint(self, output_dir)
-
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore a checkpoint written by [`save_checkpoint`] into this trainer."""
-        from textenv.ppo.checkpoint import load_checkpoint
-
-        load_checkpoint(self, checkpoint_dir)
 
 
 def _check_constructor_args(config, model) -> None:

@@ -1,9 +1,9 @@
-"""Checkpoint and resume for [`PPOTrainer`].
+"""Checkpoint and resume for [`PPOTrainer`] and [`GRPOTrainer`], and `TrainerSaving`, their saving methods.
 
 A checkpoint folder holds, through ``accelerate``'s ``save_state``: the policy with its value head
 (``model.safetensors``), the optimizer, the learning-rate scheduler and every process's RNG state
 (python, numpy, torch, CUDA) with the gradient-accumulation counter; and ``trainer_state.json`` with the
-KL controller, the score-scaling statistics and the step counter.
+step counter and, for PPO, the KL controller and the score-scaling statistics.
 
 It is written to a hidden temporary folder and renamed into place, so a checkpoint interrupted by a kill is
 never mistaken for a complete one: [`find_latest_checkpoint`] only returns folders that hold
@@ -126,3 +126,25 @@ def load_checkpoint(trainer, checkpoint_dir: str | os.PathLike) -> dict:
 
     trainer.highest_reward = torch.tensor(float(state["highest_reward"]))
     return state
+
+
+class TrainerSaving:
+    """`save_pretrained`, `save_checkpoint` and `load_checkpoint` of a step-based trainer (its `accelerator`,
+    `model` and `tokenizer`)."""
+
+    def save_pretrained(self, save_directory: str) -> None:
+        """Save the policy (with its value head, for PPO; its adapters, for PEFT) and the tokenizer for
+        ``from_pretrained``."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self.accelerator.unwrap_model(self.model).save_pretrained(save_directory)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(save_directory)
+
+    def save_checkpoint(self, output_dir: str) -> str:
+        """Save everything needed to resume (see [`textenv.ppo.checkpoint.save_checkpoint`])."""
+        return save_checkpoint(self, output_dir)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Restore a checkpoint written by [`save_checkpoint`] into this trainer."""
+        load_checkpoint(self, checkpoint_dir)

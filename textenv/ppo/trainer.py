@@ -23,6 +23,7 @@ from torch import nn
 
 from textenv.ppo import core
 from textenv.ppo.batch import pack_batch
+from textenv.ppo.checkpoint import TrainerSaving
 from textenv.ppo.config import PPOConfig
 from textenv.ppo.generation import PPOGenerationMixin
 from textenv.ppo.kl_control import AdaptiveKLController, FixedKLController, RunningMoments
@@ -46,7 +47,7 @@ from textenv.padding import pad_token_id
 from textenv.ppo.utils import convert_to_scalar, stats_to_np
 from textenv.ppo.windowed_forward import WindowedForwardMixin
 
-class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOGenerationMixin, RolloutCorrectionMixin):
+class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOGenerationMixin, RolloutCorrectionMixin, TrainerSaving):
     """Proximal Policy Optimisation on given (query, response, score) triples, one ``step`` at a time.
 
     Args:
@@ -356,29 +357,6 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
         finally:
             if self.config.optimize_device_cache:
                 empty_device_cache()
-
-    # ---------------------------------------------------------------------------------------------
-    # saving
-    # ---------------------------------------------------------------------------------------------
-    def save_pretrained(self, save_directory: str) -> None:
-        """Save the policy (with its value head) and the tokenizer for ``from_pretrained``."""
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            self.accelerator.unwrap_model(self.model).save_pretrained(save_directory)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(save_directory)
-
-    def save_checkpoint(self, output_dir: str) -> str:
-        """Save everything needed to resume (see [`textenv.ppo.checkpoint.save_checkpoint`])."""
-        from textenv.ppo.checkpoint import save_checkpoint
-
-        return save_checkpoint(self, output_dir)
-
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore a checkpoint written by [`save_checkpoint`] into this trainer."""
-        from textenv.ppo.checkpoint import load_checkpoint
-
-        load_checkpoint(self, checkpoint_dir)
 
 
 _BUILTIN_METHODS = {name: getattr(PPOStepMethods, name) for name in FORWARD_HOOKS}
