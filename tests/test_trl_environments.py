@@ -227,6 +227,48 @@ def test_reward_funcs_get_trl_arguments_and_are_summed(tokenizer):
     assert isinstance(kwargs["environments"][0], EchoEnv) and kwargs["environments"][0].said == ["hi"]
 
 
+class EchoToolEnv:
+    """Written as TRL's documentation shows it (docs/source/openenv.md, "Quick start"): state in ``__init__``,
+    ``reset(**kwargs)`` returning ``None``, one tool method with a typed argument and an ``Args:`` docstring,
+    and the reward read from the instance by a reward function over ``environments`` (the remote echo client
+    replaced by its answer: the message back, rewarded by its length)."""
+
+    def __init__(self):
+        self.reward = 0.0
+
+    def reset(self, **kwargs) -> str | None:
+        self.reward = 0.0
+        return None
+
+    def echo(self, message: str) -> str:
+        """
+        Echo the message back from the environment.
+
+        Args:
+            message: The message to echo
+
+        Returns:
+            The echoed message.
+        """
+        self.reward = float(len(message))
+        return message
+
+
+def reward_func(environments, **kwargs):
+    return [env.reward for env in environments]
+
+
+def test_the_documented_quick_start_environment_runs_unchanged(tokenizer):
+    dataset_row = {"prompt": [{"role": "user", "content": "Try to echo 'Hello World!' in the environment."}]}
+    sched = scheduler(tokenizer, [call("echo", message="Hello World!"), "Done."], environment_factory=EchoToolEnv, reward_funcs=[reward_func])
+    (episode,) = sched.run([dataset_row])
+    assert episode.error is None and episode.finish_reason == "done"
+    assert episode.total_reward == 12.0  # len("Hello World!"), read from the instance after the episode
+    assert episode.messages[0] == dataset_row["prompt"][0]  # reset returned None: the prompt is unchanged
+    assert [m["role"] for m in episode.messages[1:]] == ["assistant", "tool", "assistant"]
+    assert episode.messages[2]["content"] == "Hello World!" and episode.messages[2]["name"] == "echo"
+
+
 def test_get_reward_and_reward_funcs_add_up(tokenizer):
     (episode,) = scheduler(tokenizer, ["Done."], reward_funcs=[lambda prompts, completions, **kw: [10.0]]).run([ROW])
     assert episode.total_reward == 12.0 and episode.final_reward == 12.0

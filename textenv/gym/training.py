@@ -95,8 +95,7 @@ class GymSource:
         for _ in range(self.max_rounds):
             rows = list(itertools.islice(self._rows, (self.batch_size - len(trainable)) // num_generations))
             self.rows_used += len(rows)
-            repeated = [dict(row) for row in rows for _ in range(num_generations)]
-            episodes = self.scheduler.run(repeated, step=step, completions_path=self.completions_path)
+            episodes = self.scheduler.run(rows, step=step, num_generations=num_generations, completions_path=self.completions_path)
             for start in range(0, len(episodes), num_generations):
                 group = episodes[start : start + num_generations]
                 if all(episode.trainable for episode in group):
