@@ -364,3 +364,77 @@ def _spread(values: list[float], spec: str = ".2f") -> str:
         return "n/a"
     text = format(median(values), spec)
     return text if len(values) == 1 else f"{text} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
+# ------------------------------------------------------------------------------ grpo-vs-trl
+GRPO_SIDE_LABELS = {"trl": "TRL GRPOTrainer", "textenv": "textenv GRPO"}
+
+
+def grpo_table(results: dict) -> str:
+    """The grpo-vs-trl workload: one row per figure, a column per side (medians over the runs) and textenv / TRL."""
+    trl, textenv, settings = results["trl"], results["textenv"], results["settings"]
+    versions = trl[0].get("versions", {})
+    title = (f"grpo-vs-trl ({settings['steps']} steps x {settings['batch_size']} episodes, groups of {settings['num_generations']}; "
+             f"calculator tool task)")
+    header = [title, f"TRL {versions.get('trl', '')} GRPOTrainer".replace("  ", " "), "textenv GRPO", "textenv / TRL"]
+
+    def figure(label: str, value, ratio_of: bool = True, spec: str | None = None) -> list:
+        a, b = median([value(run) for run in trl]), median([value(run) for run in textenv])
+        cells = [a, b] if spec is None else [format(a, spec), format(b, spec)]
+        return [label, *cells, f"{ratio(b, a):.2f}x" if ratio_of else ""]
+
+    rows = [
+        figure("wall s per step (median over the steps)", lambda run: run["step_seconds_median"]),
+        figure("... of which playing the episodes (median)", lambda run: median([step["rollout_seconds"] for step in run["steps"]])),
+        figure("wall s, all steps", lambda run: run["seconds"]),
+        figure("CPU s, all steps", lambda run: run["seconds_cpu"]),
+        figure("peak RSS MiB before training (model, held-out evaluation, trainer set up)", lambda run: run.get("peak_rss_before_training_mb", float("nan"))),
+        figure("peak RSS MiB after training", lambda run: run["peak_rss_mb"]),
+        figure("episodes trained", lambda run: run["episodes"]),
+        figure("model tokens generated", lambda run: run["generated_tokens"]),
+        figure("model turns per episode (mean)", lambda run: run.get("model_turns", float("nan")) / run["episodes"] if run["episodes"] else float("nan")),
+        figure("generated tokens / wall s", lambda run: run["generated_tokens"] / run["seconds"] if run["seconds"] else float("nan")),
+        ["mean reward, first -> last step", _reward_trend(trl), _reward_trend(textenv), ""],
+    ]
+    for mode, label in (("greedy", "greedy"), ("sampled", "sampled (temperature 1)")):
+        if mode in trl[0]["before"]:
+            rows.append([f"held-out {label} accuracy, before -> after ({len(trl[0]['before'][mode]['rewards'])} rows)",
+                         _accuracy_change(trl, mode), _accuracy_change(textenv, mode), ""])
+    rows.append(["training turns decoded by", path_label(trl), path_label(textenv), ""])
+    return markdown_table(header, rows)
+
+
+def _reward_trend(runs: list[dict]) -> str:
+    first = median([run["steps"][0].get("reward_mean", float("nan")) for run in runs if run["steps"]])
+    last = median([run["steps"][-1].get("reward_mean", float("nan")) for run in runs if run["steps"]])
+    return f"{first:.2f} -> {last:.2f}"
+
+
+def _accuracy_change(runs: list[dict], mode: str) -> str:
+    """`before -> after` (medians), with every run's when there are several."""
+    text = f"{median([run['before'][mode]['accuracy'] for run in runs]):.2f} -> {median([run['after'][mode]['accuracy'] for run in runs]):.2f}"
+    if len(runs) > 1:
+        text += " (runs: " + ", ".join(f"{run['before'][mode]['accuracy']:.2f} -> {run['after'][mode]['accuracy']:.2f}" for run in runs) + ")"
+    return text
+
+
+def grpo_lines(results: dict) -> list[str]:
+    """What the grpo-vs-trl table leaves out: the checks that both sides did the same thing, what TRL needed to run
+    the task, the decoding paths in full, every run's time per step, the versions."""
+    trl, textenv = results["trl"], results["textenv"]
+    same_prompt = trl[0].get("first_prompt_ids") == textenv[0].get("first_prompt_ids")
+    same_before = trl[0]["before"]["greedy"]["rewards"] == textenv[0]["before"]["greedy"]["rewards"]
+    step_ratio = ratio(median([run["step_seconds_median"] for run in trl]), median([run["step_seconds_median"] for run in textenv]))
+    lines = [
+        f"- grpo-vs-trl: a textenv step took {1 / step_ratio if step_ratio else float('nan'):.2f}x the time of a TRL step "
+        f"(**{step_ratio:.2f}x** TRL's speed); per-run median s/step: TRL "
+        + ", ".join(f"{run['step_seconds_median']:.3g}" for run in trl) + "; textenv " + ", ".join(f"{run['step_seconds_median']:.3g}" for run in textenv) + ".",
+        f"- The first training prompt has the same token ids on both sides: {same_prompt} ({len(textenv[0].get('first_prompt_ids') or [])} tokens).",
+        f"- Held-out greedy rewards before training are the same on both sides (same model, same measurement): {same_before}.",
+    ]
+    needed = trl[0].get("trl_needed") or []
+    lines.append("- What TRL needed to run this task: " + ("; ".join(needed) if needed else "nothing beyond the settings") + ".")
+    lines.append(f"- Training turns: TRL: {decoding_path(trl)}; textenv: {decoding_path(textenv)}. Held-out evaluation, both sides: "
+                 f"{trl[0]['before']['greedy'].get('decoding_path', 'n/a')}.")
+    lines.append(f"- Versions: {trl[0].get('versions')}.")
+    return lines

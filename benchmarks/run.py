@@ -4,12 +4,15 @@
     python benchmarks/run.py --quick    # one repeat, fewer turns (a few minutes)
     python benchmarks/run.py --bf16     # textenv in bf16 mixed precision (legacy stays fp32)
     python benchmarks/run.py --workloads rollout turns gym --engine vllm   # also textenv on a vLLM server
+    python benchmarks/run.py --workloads grpo-vs-trl   # textenv's GRPO against TRL 1.16's GRPOTrainer (not in the default set)
 
 Creates the legacy venv (`benchmarks/.legacy-venv`: trl 0.11.4, transformers 4.46.3) on first use, writes
 the fixed inputs to a temporary folder, measures this machine's matmul ceiling (`flops.py`) in a fresh
 process, then runs every workload in fresh processes, alternating legacy and textenv, and prints medians,
 ratios, model GFLOP/s against the ceiling and token-equality checks as Markdown. With `--engine vllm` it
-starts a vLLM server first (`vllm_bench.py`) and measures textenv on it too, beside the in-process engine.
+starts a vLLM server first (`vllm_bench.py`) and measures textenv on it too, beside the in-process engine. The
+`grpo-vs-trl` workload (`grpo_side.py`) trains with textenv's GRPO and with TRL 1.16's `GRPOTrainer`, both on the main
+venv (no legacy venv needed), on the same calculator tool task (`grpo_task.py`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import flops  # noqa: E402
+import grpo_side  # noqa: E402
+import grpo_task  # noqa: E402
 import report  # noqa: E402
 import vllm_bench  # noqa: E402
 import workload  # noqa: E402
 from legacy_venv import ensure_legacy_venv  # noqa: E402
 
-WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")
+WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")  # the default set
+GRPO_WORKLOAD = "grpo-vs-trl"  # textenv's GRPO against TRL 1.16's GRPOTrainer: long, so only when named
+ALL_WORKLOADS = (*WORKLOADS, GRPO_WORKLOAD)
+LEGACY_WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied")  # need the legacy venv
+GRPO_SIDES = ("trl", "textenv")
+GRPO_EVAL_ROWS = 32
 PPO_WORKLOADS = ("ppo-step", "ppo-step-varied")
 SIDE_WORKLOADS = ("rollout", "turns", *PPO_WORKLOADS)  # legacy against textenv
 VLLM_WORKLOADS = ("rollout", "turns", "gym")  # also measured on vLLM with --engine vllm
@@ -51,7 +61,8 @@ TURNS = tuple(range(1, 9))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repeat; the turns workload with 8 episodes")
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=ALL_WORKLOADS, default=list(WORKLOADS),
+                        help=f"default: {' '.join(WORKLOADS)} ({GRPO_WORKLOAD} only when named)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 3, 1 with --quick)")
     parser.add_argument(
         "--threads", type=int, default=workload.NUM_THREADS,
@@ -73,6 +84,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--gym-episodes", type=int, default=GYM_EPISODES, help="the gym workload's episodes (default: %(default)s)")
     parser.add_argument("--gym-turns", type=int, default=GYM_TURNS, help="the gym workload's turns per episode (default: %(default)s)")
+    grpo = grpo_side.DEFAULTS
+    parser.add_argument("--grpo-steps", type=int, default=grpo["steps"], help=f"{GRPO_WORKLOAD}: training steps per run (default: %(default)s)")
+    parser.add_argument("--grpo-episodes", type=int, default=grpo["batch_size"], help=f"{GRPO_WORKLOAD}: episodes per step (default: %(default)s)")
+    parser.add_argument("--grpo-generations", type=int, default=grpo["num_generations"], help=f"{GRPO_WORKLOAD}: episodes per group (default: %(default)s)")
+    parser.add_argument("--grpo-mini-batch", type=int, default=grpo["mini_batch_size"],
+                        help=f"{GRPO_WORKLOAD}: rows per forward/backward, TRL's per_device_train_batch_size (default: %(default)s)")
+    parser.add_argument("--grpo-eval-rows", type=int, default=GRPO_EVAL_ROWS, help=f"{GRPO_WORKLOAD}: held-out rows (default: %(default)s)")
+    parser.add_argument("--grpo-sampled-eval", action="store_true", help=f"{GRPO_WORKLOAD}: also evaluate sampled at temperature 1")
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
     return parser.parse_args()
@@ -83,7 +102,7 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     if args.render:
         raw = json.loads(args.render.read_text())
-        args.workloads = [name for name in WORKLOADS if name in raw]
+        args.workloads = [name for name in ALL_WORKLOADS if name in raw]
         print(render(raw, saved_repeats(raw), args))
         return
     args.turns_episodes = args.turns_episodes or (8 if args.quick else ROLLOUT_QUERIES)
@@ -101,8 +120,10 @@ def main() -> None:
 
 def measure_all(raw: dict, args: argparse.Namespace, repeats: int) -> None:
     """Every workload of `args`, into `raw` (textenv on vLLM too where `raw` has a server)."""
-    legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
-    sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), "textenv": (sys.executable, HERE / "textenv_side.py")}
+    sides = {"textenv": (sys.executable, HERE / "textenv_side.py")}
+    if any(name in LEGACY_WORKLOADS for name in args.workloads):
+        legacy_python = ensure_legacy_venv(log=lambda message: print(message, file=sys.stderr))
+        sides = {"legacy": (str(legacy_python), HERE / "legacy_side.py"), **sides}
     if any(name in SIDE_WORKLOADS for name in args.workloads):
         print("[ceiling] matmul GFLOP/s, fp32 and bf16 ...", file=sys.stderr, flush=True)
         raw["ceiling"] = run_side((sys.executable, HERE / "flops.py"), None, None, threads=args.threads)
@@ -115,6 +136,9 @@ def measure_all(raw: dict, args: argparse.Namespace, repeats: int) -> None:
         for name in args.workloads:
             if name == "gym":
                 raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns, server)
+                continue
+            if name == GRPO_WORKLOAD:
+                raw[name] = measure_grpo(repeats, args.threads, write_grpo_inputs(Path(folder), grpo_settings(args), args.grpo_eval_rows))
                 continue
             if name == "ppo-step":
                 run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
@@ -160,6 +184,39 @@ def write_inputs(folder: Path, rollout_queries: int = ROLLOUT_QUERIES, turns_epi
         paths[name] = folder / f"{name}.json"
         paths[name].write_text(json.dumps(content))
     return paths
+
+
+def grpo_settings(args: argparse.Namespace) -> dict:
+    """The grpo-vs-trl settings of the command line (the rest are `grpo_side.DEFAULTS`)."""
+    return {**grpo_side.DEFAULTS, "steps": args.grpo_steps, "batch_size": args.grpo_episodes, "num_generations": args.grpo_generations,
+            "mini_batch_size": args.grpo_mini_batch, "sampled_eval": args.grpo_sampled_eval}
+
+
+def write_grpo_inputs(folder: Path, settings: dict, eval_rows: int = GRPO_EVAL_ROWS) -> Path:
+    """The grpo-vs-trl inputs both sides read: the model folder, the settings, the training rows (exactly the
+    steps' prompts, seed 0) and the held-out rows (seed 1, none among the training questions)."""
+    from textenv.models import bundled_model_path
+
+    grpo_side.settings_mapping(settings)  # a bad combination fails here, before any run
+    prompts = settings["steps"] * settings["batch_size"] // settings["num_generations"]
+    train_rows, held_out_rows = grpo_task.train_and_held_out_rows(prompts, eval_rows, seed=0)
+    path = folder / f"{GRPO_WORKLOAD}.json"
+    path.write_text(json.dumps({"model_path": str(bundled_model_path()), "settings": settings, "train_rows": train_rows, "eval_rows": held_out_rows}))
+    return path
+
+
+def measure_grpo(repeats: int, threads: int, inputs: Path) -> dict:
+    """TRL's GRPOTrainer and textenv's GRPO on the same inputs, `repeats` times each in fresh processes, the side
+    that goes first alternating."""
+    results: dict = {side: [] for side in GRPO_SIDES}
+    side_script = (sys.executable, HERE / "grpo_side.py")
+    for repeat in range(repeats):
+        for side in rotated(list(GRPO_SIDES), repeat):
+            print(f"[{GRPO_WORKLOAD}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
+            results[side].append(run_side(side_script, None, None, ["--side", side, "--inputs", str(inputs)], threads))
+    content = workload.read_json(inputs)
+    results.update(settings=content["settings"], eval_rows=len(content["eval_rows"]))
+    return results
 
 
 def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int, bf16: bool = False,
@@ -240,16 +297,18 @@ def run_side(side: tuple[str, Path], side_workload: str, inputs: Path, extra: li
     for line in completed.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
             return json.loads(line[len("BENCH_RESULT ") :])
-    sys.exit(f"{script.name} --workload {side_workload} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}")
+    sys.exit(f"{script.name} {' '.join(extra) if side_workload is None else '--workload ' + side_workload} failed "
+             f"(exit {completed.returncode}):\n{completed.stderr[-4000:]}")
 
 
 # ------------------------------------------------------------------------------ output
 def saved_repeats(raw: dict) -> int:
     """Runs per side of a saved --json file."""
-    for name in WORKLOADS:
+    for name in ALL_WORKLOADS:
         if name in raw:
             results = raw[name]
-            return len(results["legacy"] if "legacy" in results else results[GYM_MODES[0]])
+            side = next(key for key in ("legacy", GYM_MODES[0], GRPO_SIDES[0]) if key in results)
+            return len(results[side])
     return 0
 
 
@@ -261,6 +320,7 @@ def command_line(raw: dict, args: argparse.Namespace) -> str:
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
     gym = raw.get("gym", {})
+    grpo = raw.get(GRPO_WORKLOAD, {}).get("settings", {})
     flags = (
         ("--repeats", settings["repeats"], None), ("--threads", settings["threads"], workload.NUM_THREADS),
         ("--engine", settings.get("engine"), "textenv"), ("--vllm-dtype", settings.get("vllm_dtype"), "float32"),
@@ -268,7 +328,12 @@ def command_line(raw: dict, args: argparse.Namespace) -> str:
         ("--turns-episodes", settings.get("turns_episodes"), 8 if settings["quick"] else ROLLOUT_QUERIES),
         ("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
         ("--gym-turns", gym.get("turns"), GYM_TURNS),
+        ("--grpo-steps", grpo.get("steps"), grpo_side.DEFAULTS["steps"]), ("--grpo-episodes", grpo.get("batch_size"), grpo_side.DEFAULTS["batch_size"]),
+        ("--grpo-generations", grpo.get("num_generations"), grpo_side.DEFAULTS["num_generations"]),
+        ("--grpo-mini-batch", grpo.get("mini_batch_size"), grpo_side.DEFAULTS["mini_batch_size"]),
+        ("--grpo-eval-rows", raw.get(GRPO_WORKLOAD, {}).get("eval_rows"), GRPO_EVAL_ROWS),
     )
+    command += " --grpo-sampled-eval" if grpo.get("sampled_eval") else ""
     return command + "".join(f" {flag} {value}" for flag, value, default in flags if value not in (None, default))
 
 
@@ -333,6 +398,10 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         ]
     if "gym" in raw:
         parts += [report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)), ""]
+    if GRPO_WORKLOAD in raw:
+        grpo = raw[GRPO_WORKLOAD]
+        parts += [report.grpo_table(grpo), "", *report.grpo_lines(grpo), "", "Settings (the same on both sides; "
+                  "benchmarks/grpo_side.py):", "", report.markdown_table(["setting", "textenv", "TRL"], grpo_side.mapping_rows(grpo["settings"])), ""]
     for side in ("textenv", "vllm"):
         if side in raw.get("turns", {}):
             title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")
