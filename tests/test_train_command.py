@@ -9,7 +9,7 @@ import pytest
 
 from textenv.cli import run_command
 from textenv.ppo.checkpoint import is_complete_checkpoint
-from textenv.training.command import parse
+from textenv.training.command import build, parse
 
 TINY = ["--model_name_or_path", "tiny", "--steps", "2", "--batch_size", "2", "--mini_batch_size", "1", "--max_new_tokens", "3", "--no_progress"]
 
@@ -50,6 +50,9 @@ def test_report_to_sets_the_tracker_and_its_folder(tmp_path):
         (["--loss_scale", "first"], "loss_scale must be one of"),
         (["--mixed_precision", "int8"], "--mixed_precision must be"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--algorithm", "reinforce"], "--algorithm must be one of"),
+        (["--algorithm", "grpo", "--batch_size", "6", "--mini_batch_size", "2", "--num_generations", "4"], "must be a multiple of --num_generations"),
+        (["--algorithm", "grpo", "--loss_type", "bnpo"], "loss_type must be one of"),
     ],
 )
 def test_bad_options_are_refused(argv, message):
@@ -182,3 +185,32 @@ def test_an_fsdp_launch_that_runs_without_fsdp_is_reported(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="textenv"):
         assert warn_if_fsdp_ignored(multi_cpu)
     assert "runs as MULTI_CPU here" in caplog.text and "not sharded" in caplog.text
+
+
+GRPO = ["--algorithm", "grpo", "--num_generations", "2", "--batch_size", "4", "--mini_batch_size", "2", "--steps", "8", "--temperature", "1.0"]
+
+
+@pytest.mark.parametrize("task", ["calculator", "gym"])
+def test_grpo_trains_both_front_ends_from_one_command(tmp_path, task):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"query": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(3)) + "\n")
+    data = ["--task", "gym", "--dataset", str(rows), "--gym_env", "tool_env"] if task == "gym" else []
+    result = run_command(["train", *TINY, *GRPO, *data, "--output_dir", str(tmp_path / "out"), "--save_steps", "1"])
+    assert result["steps"] == 2
+    for log in result["logs"]:
+        assert {"grpo/advantages", "grpo/rewards/group_mean", "grpo/clip_ratio/region_mean", "objective/entropy"} <= set(log.stats)
+        assert "ppo/loss/value" not in log.stats and log.kl != log.kl and log.kl_coef == 0.0  # no reference at beta 0
+        texts = log.batch.query_texts
+        assert texts[0] == texts[1] and texts[2] == texts[3]  # groups of num_generations episodes of one task
+    assert is_complete_checkpoint(tmp_path / "out" / "checkpoint-2")
+    steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert [line["kl"] for line in steps] == [None, None]  # JSON has no NaN: the page leaves the KL chart out
+    resumed = run_command(["train", *TINY, *GRPO, *data, "--steps", "12", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", "latest"])
+    assert resumed["steps"] == 1
+
+
+def test_ppo_stays_the_default():
+    options = parse(TINY)
+    assert options.algorithm.algorithm == "ppo"
+    trainer, _ = build(options)
+    assert type(trainer).__name__ == "PPOTrainer" and hasattr(trainer.model, "v_head")

@@ -36,6 +36,9 @@ _PUBLIC_NAMES = {
     "LengthSampler": "textenv.ppo",
     "AdaptiveKLController": "textenv.ppo",
     "FixedKLController": "textenv.ppo",
+    # GRPO
+    "GRPOConfig": "textenv.grpo",
+    "GRPOTrainer": "textenv.grpo",
     # Gym
     "Env": "textenv.gym",
     "ContextManager": "textenv.gym",
