@@ -31,19 +31,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import flops  # noqa: E402
-import grpo_side  # noqa: E402
-import grpo_task  # noqa: E402
+import grpo_bench  # noqa: E402
 import report  # noqa: E402
 import vllm_bench  # noqa: E402
 import workload  # noqa: E402
 from legacy_venv import ensure_legacy_venv  # noqa: E402
 
 WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")  # the default set
-GRPO_WORKLOAD = "grpo-vs-trl"  # textenv's GRPO against TRL 1.16's GRPOTrainer: long, so only when named
+GRPO_WORKLOAD = grpo_bench.WORKLOAD  # textenv's GRPO against TRL 1.16's GRPOTrainer: long, so only when named
 ALL_WORKLOADS = (*WORKLOADS, GRPO_WORKLOAD)
 LEGACY_WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied")  # need the legacy venv
-GRPO_SIDES = ("trl", "textenv")
-GRPO_EVAL_ROWS = 32
 PPO_WORKLOADS = ("ppo-step", "ppo-step-varied")
 SIDE_WORKLOADS = ("rollout", "turns", *PPO_WORKLOADS)  # legacy against textenv
 VLLM_WORKLOADS = ("rollout", "turns", "gym")  # also measured on vLLM with --engine vllm
@@ -84,14 +81,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--gym-episodes", type=int, default=GYM_EPISODES, help="the gym workload's episodes (default: %(default)s)")
     parser.add_argument("--gym-turns", type=int, default=GYM_TURNS, help="the gym workload's turns per episode (default: %(default)s)")
-    grpo = grpo_side.DEFAULTS
-    parser.add_argument("--grpo-steps", type=int, default=grpo["steps"], help=f"{GRPO_WORKLOAD}: training steps per run (default: %(default)s)")
-    parser.add_argument("--grpo-episodes", type=int, default=grpo["batch_size"], help=f"{GRPO_WORKLOAD}: episodes per step (default: %(default)s)")
-    parser.add_argument("--grpo-generations", type=int, default=grpo["num_generations"], help=f"{GRPO_WORKLOAD}: episodes per group (default: %(default)s)")
-    parser.add_argument("--grpo-mini-batch", type=int, default=grpo["mini_batch_size"],
-                        help=f"{GRPO_WORKLOAD}: rows per forward/backward, TRL's per_device_train_batch_size (default: %(default)s)")
-    parser.add_argument("--grpo-eval-rows", type=int, default=GRPO_EVAL_ROWS, help=f"{GRPO_WORKLOAD}: held-out rows (default: %(default)s)")
-    parser.add_argument("--grpo-sampled-eval", action="store_true", help=f"{GRPO_WORKLOAD}: also evaluate sampled at temperature 1")
+    grpo_bench.add_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
     return parser.parse_args()
@@ -138,7 +128,7 @@ def measure_all(raw: dict, args: argparse.Namespace, repeats: int) -> None:
                 raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns, server)
                 continue
             if name == GRPO_WORKLOAD:
-                raw[name] = measure_grpo(repeats, args.threads, write_grpo_inputs(Path(folder), grpo_settings(args), args.grpo_eval_rows))
+                raw[name] = grpo_bench.measure(repeats, args.threads, grpo_bench.write_inputs(Path(folder), grpo_bench.settings(args), args.grpo_eval_rows), run_side, rotated)
                 continue
             if name == "ppo-step":
                 run_side(sides["textenv"], "make-ppo-batch", inputs["ppo-step"], threads=args.threads)
@@ -184,39 +174,6 @@ def write_inputs(folder: Path, rollout_queries: int = ROLLOUT_QUERIES, turns_epi
         paths[name] = folder / f"{name}.json"
         paths[name].write_text(json.dumps(content))
     return paths
-
-
-def grpo_settings(args: argparse.Namespace) -> dict:
-    """The grpo-vs-trl settings of the command line (the rest are `grpo_side.DEFAULTS`)."""
-    return {**grpo_side.DEFAULTS, "steps": args.grpo_steps, "batch_size": args.grpo_episodes, "num_generations": args.grpo_generations,
-            "mini_batch_size": args.grpo_mini_batch, "sampled_eval": args.grpo_sampled_eval}
-
-
-def write_grpo_inputs(folder: Path, settings: dict, eval_rows: int = GRPO_EVAL_ROWS) -> Path:
-    """The grpo-vs-trl inputs both sides read: the model folder, the settings, the training rows (exactly the
-    steps' prompts, seed 0) and the held-out rows (seed 1, none among the training questions)."""
-    from textenv.models import bundled_model_path
-
-    grpo_side.settings_mapping(settings)  # a bad combination fails here, before any run
-    prompts = settings["steps"] * settings["batch_size"] // settings["num_generations"]
-    train_rows, held_out_rows = grpo_task.train_and_held_out_rows(prompts, eval_rows, seed=0)
-    path = folder / f"{GRPO_WORKLOAD}.json"
-    path.write_text(json.dumps({"model_path": str(bundled_model_path()), "settings": settings, "train_rows": train_rows, "eval_rows": held_out_rows}))
-    return path
-
-
-def measure_grpo(repeats: int, threads: int, inputs: Path) -> dict:
-    """TRL's GRPOTrainer and textenv's GRPO on the same inputs, `repeats` times each in fresh processes, the side
-    that goes first alternating."""
-    results: dict = {side: [] for side in GRPO_SIDES}
-    side_script = (sys.executable, HERE / "grpo_side.py")
-    for repeat in range(repeats):
-        for side in rotated(list(GRPO_SIDES), repeat):
-            print(f"[{GRPO_WORKLOAD}] run {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
-            results[side].append(run_side(side_script, None, None, ["--side", side, "--inputs", str(inputs)], threads))
-    content = workload.read_json(inputs)
-    results.update(settings=content["settings"], eval_rows=len(content["eval_rows"]))
-    return results
 
 
 def measure(name: str, sides: dict, inputs: Path, repeats: int, threads: int, bf16: bool = False,
@@ -307,7 +264,7 @@ def saved_repeats(raw: dict) -> int:
     for name in ALL_WORKLOADS:
         if name in raw:
             results = raw[name]
-            side = next(key for key in ("legacy", GYM_MODES[0], GRPO_SIDES[0]) if key in results)
+            side = next(key for key in ("legacy", GYM_MODES[0], grpo_bench.SIDES[0]) if key in results)
             return len(results[side])
     return 0
 
@@ -320,7 +277,6 @@ def command_line(raw: dict, args: argparse.Namespace) -> str:
     if set(args.workloads) != set(WORKLOADS):
         command += " --workloads " + " ".join(args.workloads)
     gym = raw.get("gym", {})
-    grpo = raw.get(GRPO_WORKLOAD, {}).get("settings", {})
     flags = (
         ("--repeats", settings["repeats"], None), ("--threads", settings["threads"], workload.NUM_THREADS),
         ("--engine", settings.get("engine"), "textenv"), ("--vllm-dtype", settings.get("vllm_dtype"), "float32"),
@@ -328,13 +284,9 @@ def command_line(raw: dict, args: argparse.Namespace) -> str:
         ("--turns-episodes", settings.get("turns_episodes"), 8 if settings["quick"] else ROLLOUT_QUERIES),
         ("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
         ("--gym-turns", gym.get("turns"), GYM_TURNS),
-        ("--grpo-steps", grpo.get("steps"), grpo_side.DEFAULTS["steps"]), ("--grpo-episodes", grpo.get("batch_size"), grpo_side.DEFAULTS["batch_size"]),
-        ("--grpo-generations", grpo.get("num_generations"), grpo_side.DEFAULTS["num_generations"]),
-        ("--grpo-mini-batch", grpo.get("mini_batch_size"), grpo_side.DEFAULTS["mini_batch_size"]),
-        ("--grpo-eval-rows", raw.get(GRPO_WORKLOAD, {}).get("eval_rows"), GRPO_EVAL_ROWS),
     )
-    command += " --grpo-sampled-eval" if grpo.get("sampled_eval") else ""
-    return command + "".join(f" {flag} {value}" for flag, value, default in flags if value not in (None, default))
+    command += "".join(f" {flag} {value}" for flag, value, default in flags if value not in (None, default))
+    return command + grpo_bench.command_flags(raw.get(GRPO_WORKLOAD, {}))
 
 
 def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
@@ -399,9 +351,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     if "gym" in raw:
         parts += [report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)), ""]
     if GRPO_WORKLOAD in raw:
-        grpo = raw[GRPO_WORKLOAD]
-        parts += [report.grpo_table(grpo), "", *report.grpo_lines(grpo), "", "Settings (the same on both sides; "
-                  "benchmarks/grpo_side.py):", "", report.markdown_table(["setting", "textenv", "TRL"], grpo_side.mapping_rows(grpo["settings"])), ""]
+        parts += [*grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
         if side in raw.get("turns", {}):
             title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")

@@ -11,6 +11,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import grpo_bench  # noqa: E402
 import grpo_side  # noqa: E402
 import grpo_task  # noqa: E402
 import run  # noqa: E402
@@ -25,7 +26,7 @@ def test_the_workload_is_named_on_the_command_line_only(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["run.py", "--workloads", "grpo-vs-trl", "--grpo-steps", "2", "--grpo-episodes", "8"])
     args = run.parse_args()
     assert args.workloads == ["grpo-vs-trl"]
-    settings = run.grpo_settings(args)
+    settings = grpo_bench.settings(args)
     assert (settings["steps"], settings["batch_size"], settings["num_generations"]) == (2, 8, 4)
     monkeypatch.setattr(sys, "argv", ["run.py"])
     assert "grpo-vs-trl" not in run.parse_args().workloads
@@ -33,9 +34,9 @@ def test_the_workload_is_named_on_the_command_line_only(monkeypatch):
 
 def test_the_sides_alternate_in_fresh_processes(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(run, "run_side", lambda side, workload, inputs, extra, threads: calls.append((side[1].name, extra)) or {"extra": extra})
-    inputs = run.write_grpo_inputs(tmp_path, {**grpo_side.DEFAULTS, **SMOKE}, eval_rows=3)
-    results = run.measure_grpo(repeats=3, threads=1, inputs=inputs)
+    fake_run_side = lambda side, workload, inputs, extra, threads: calls.append((side[1].name, extra)) or {"extra": extra}  # noqa: E731
+    inputs = grpo_bench.write_inputs(tmp_path, {**grpo_side.DEFAULTS, **SMOKE}, eval_rows=3)
+    results = grpo_bench.measure(repeats=3, threads=1, inputs=inputs, run_side=fake_run_side, rotated=run.rotated)
 
     assert {script for script, _ in calls} == {"grpo_side.py"}
     assert [extra[1] for _, extra in calls] == ["trl", "textenv", "textenv", "trl", "trl", "textenv"]
@@ -45,7 +46,7 @@ def test_the_sides_alternate_in_fresh_processes(monkeypatch, tmp_path):
 
 
 def test_the_inputs_are_the_steps_prompts_and_held_out_rows_apart(tmp_path):
-    content = run.workload.read_json(run.write_grpo_inputs(tmp_path, {**grpo_side.DEFAULTS, "steps": 3, "batch_size": 8, "num_generations": 4}, eval_rows=40))
+    content = run.workload.read_json(grpo_bench.write_inputs(tmp_path, {**grpo_side.DEFAULTS, "steps": 3, "batch_size": 8, "num_generations": 4}, eval_rows=40))
     train_questions = [row["prompt"][-1]["content"] for row in content["train_rows"]]
     held_out_questions = [row["prompt"][-1]["content"] for row in content["eval_rows"]]
 
@@ -53,7 +54,7 @@ def test_the_inputs_are_the_steps_prompts_and_held_out_rows_apart(tmp_path):
     assert not set(train_questions) & set(held_out_questions)
     assert content["train_rows"] == grpo_task.make_rows(6, seed=0)  # seeded
     with pytest.raises(ValueError, match="multiple"):
-        run.write_grpo_inputs(tmp_path, {**grpo_side.DEFAULTS, "batch_size": 6, "mini_batch_size": 4})
+        grpo_bench.write_inputs(tmp_path, {**grpo_side.DEFAULTS, "batch_size": 6, "mini_batch_size": 4})
 
 
 # ------------------------------------------------------------------------------ settings
