@@ -214,3 +214,12 @@ def test_ppo_stays_the_default():
     assert options.algorithm.algorithm == "ppo"
     trainer, _ = build(options)
     assert type(trainer).__name__ == "PPOTrainer" and hasattr(trainer.model, "v_head")
+
+
+def test_model_card_says_which_algorithm_trained_the_policy(tmp_path):
+    from textenv.training.hub import write_model_card
+
+    grpo = write_model_card(tmp_path, "me/agent", {"algorithm": "GRPO", "steps": 3}).read_text()
+    assert "GRPO on" in grpo and "GRPO steps: 3" in grpo and "no value head" in grpo and "WithValueHead" not in grpo
+    ppo = write_model_card(tmp_path, "me/agent", {"steps": 3}).read_text()
+    assert "PPO steps: 3" in ppo and "AutoModelForCausalLMWithValueHead" in ppo

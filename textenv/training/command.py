@@ -180,6 +180,7 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
     repo_id = run.hub_model_id or Path(run.output_dir).resolve().name
     summary = {
         "base_model": model_config.model_name_or_path or "bundled",
+        "algorithm": options.algorithm.algorithm.upper(),
         "task_description": f"the {run.task} task" + (f" ({options.gym.dataset})" if run.task == "gym" else ""),
         "steps": ppo_config.total_ppo_epochs,
         "batch_size": ppo_config.batch_size,

@@ -18,18 +18,16 @@ base_model: {base_model}
 
 # {repo_id}
 
-A policy trained with [textenv](https://github.com/textenv/textenv)'s `textenv train`: PPO on
+A policy trained with [textenv](https://github.com/textenv/textenv)'s `textenv train`: {algorithm} on
 {task_description}, starting from `{base_model}`.
 
 ## Training
 
-- PPO steps: {steps}; episodes per step: {batch_size}; learning rate: {learning_rate}
+- {algorithm} steps: {steps}; episodes per step: {batch_size}; learning rate: {learning_rate}
 - adapters: {adapters}
 - last mean rewards: {rewards}
 
-The folder holds the policy with its value head (`v_head`) and the tokenizer. Load it with
-`textenv.AutoModelForCausalLMWithValueHead.from_pretrained("{repo_id}")`, or the language model alone with
-`transformers.AutoModelForCausalLM.from_pretrained("{repo_id}")`.
+{contents}
 
 ## Options
 
@@ -41,8 +39,18 @@ The folder holds the policy with its value head (`v_head`) and the tokenizer. Lo
 
 def write_model_card(folder: str | Path, repo_id: str, summary: dict[str, Any]) -> Path:
     """Write ``README.md`` (a model card with the run's summary and options) into `folder`."""
+    algorithm = summary.get("algorithm", "PPO")
+    if algorithm == "PPO":
+        contents = (f"The folder holds the policy with its value head (`v_head`) and the tokenizer. Load it with\n"
+                    f"`textenv.AutoModelForCausalLMWithValueHead.from_pretrained(\"{repo_id}\")`, or the language model alone with\n"
+                    f"`transformers.AutoModelForCausalLM.from_pretrained(\"{repo_id}\")`.")
+    else:
+        contents = (f"The folder holds the policy (no value head: {algorithm} has no critic) and the tokenizer. Load it with\n"
+                    f"`transformers.AutoModelForCausalLM.from_pretrained(\"{repo_id}\")` (`peft.AutoPeftModelForCausalLM` for adapters).")
     card = CARD_TEMPLATE.format(
         repo_id=repo_id,
+        algorithm=algorithm,
+        contents=contents,
         base_model=summary.get("base_model", "unknown"),
         task_description=summary.get("task_description", "tool-use episodes"),
         steps=summary.get("steps", "?"),
