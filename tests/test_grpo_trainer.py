@@ -89,6 +89,8 @@ def test_step_arguments_are_checked():
     queries, responses, scores = episodes()
     with pytest.raises(ValueError, match=r"config.batch_size \(4\)"):
         trainer.step(queries[:3], responses[:3], scores[:3])
+    with pytest.raises(ValueError, match="scores must be finite numbers"):
+        trainer.step(queries, responses, [torch.tensor(float("nan"))] + scores[1:])
     with pytest.raises(ValueError, match=r"response_masks\[1\] has shape"):
         trainer.step(queries, responses, scores, [torch.ones(len(r)) for r in responses[:1]] + [torch.ones(1)] * 3)
 

@@ -7,7 +7,6 @@ Shapes: `B` episodes, `G` episodes per group (``num_generations``), `T` response
 from __future__ import annotations
 
 import torch
-from trl.trainer.utils import nanstd
 
 STD_EPSILON = 1e-4  # TRL's: advantages / (std + 1e-4)
 
@@ -26,6 +25,9 @@ def group_advantages(
         all_rewards (`torch.Tensor`, *optional*): the rewards of every process's batch, whose std ``"batch"``
             takes (as TRL gathers them); `None`: `rewards`.
 
+    The stds are unbiased (TRL's `nanstd` on rewards without NaN; textenv's rewards are finite: `GRPOTrainer.step`
+    refuses others).
+
     Returns:
         `(advantages, std_rewards)`, both `[B]`; `std_rewards` is the std the advantage was (or, for ``"none"``,
         would have been with ``"group"``) divided by, for the zero-std statistics.
@@ -33,10 +35,10 @@ def group_advantages(
     grouped = rewards.view(-1, num_generations)  # [B / G, G]
     group_mean = grouped.mean(dim=1).repeat_interleave(num_generations)
     if scale_rewards in ("group", "none"):
-        std_rewards = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 else torch.zeros_like(rewards)
+        std_rewards = grouped.std(dim=1).repeat_interleave(num_generations) if num_generations > 1 else torch.zeros_like(rewards)
     elif scale_rewards == "batch":
         all_rewards = rewards if all_rewards is None else all_rewards
-        std_rewards = nanstd(all_rewards).expand_as(rewards) if all_rewards.numel() > 1 else torch.zeros_like(rewards)
+        std_rewards = all_rewards.std().expand_as(rewards) if all_rewards.numel() > 1 else torch.zeros_like(rewards)
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
     advantages = rewards - group_mean

@@ -120,6 +120,8 @@ class GRPOTrainer(TrainerSaving):
         _check_step_args(config, queries, responses, scores, response_masks, truncated)
         device = self.accelerator.device
         rewards = torch.stack([torch.as_tensor(score, dtype=torch.float32).reshape(()) for score in scores]).to(device)
+        if not torch.isfinite(rewards).all():
+            raise ValueError(f"scores must be finite numbers; got {rewards.tolist()} (score a failed episode, or leave it out with its group).")
         all_rewards = self.accelerator.gather(rewards) if config.scale_rewards == "batch" else None
         advantages, std_rewards = core.group_advantages(rewards, config.num_generations, config.scale_rewards, all_rewards)
         batch = pad_group_batch(queries, responses, response_masks, self.pad_token_id, device)
