@@ -32,7 +32,6 @@ def test_two_processes_train_their_groups_like_one_process_on_both(tmp_path):
     assert [result["num_processes"] for result in ranks] == [2, 2]
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # DDP averaged the gradients
 
-    torch.set_num_threads(1)
     together = [sum(parts, []) for parts in zip(*(map(list, grpo_episodes(rank)) for rank in (0, 1)))]
     single = grpo_trainer(batch_size=4)
     stats = single.step(*together)

@@ -9,10 +9,8 @@ import sys
 
 import torch
 
-torch.set_num_threads(1)
-
-from textenv.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from textenv.testing import tiny_causal_lm  # noqa: E402
+from textenv.grpo import GRPOConfig, GRPOTrainer
+from textenv.testing import tiny_causal_lm
 
 VOCAB = 512
 
@@ -43,6 +41,7 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # here, not at import: the test imports this module for its episodes
     main(sys.argv[1])
     sys.stdout.flush()
     sys.stderr.flush()
