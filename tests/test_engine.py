@@ -1,6 +1,19 @@
 """The generation engine's own decoding loop against transformers' `generate`: same greedy tokens, batched
 == one by one, cached prefixes (previous turn, shared prompt) == no cache, per-row stops, EOS, budgets,
-and the fallback to `generate` for settings the loop does not implement."""
+and the fallback to `generate` for settings the loop does not implement.
+
+Comparisons (tests/numerics.py has the analysis):
+- greedy tokens of two paths that differ in reduction order (the loop against `generate`, a batch against
+  single rows, a cached prefix against a full pass, rows leaving a batch at a stop or EOS, episodes at their own
+  pace against lockstep batches) are equal only in exact arithmetic: argmax flips where the top two logits are
+  within rounding. They go through `assert_greedy_agree` / `assert_greedy_continuations_agree`: equal up to the
+  first place where the two paths part, and there both picks must be within `reduction_tolerance` (of
+  `logit_terms`) of the largest logit of a float64 forward pass: a tie. A stale cache or a wrong position picks a
+  token far below it. What depends on the later tokens (texts, finish reasons, which episode finished first) is
+  compared only where the tokens were identical;
+- exact: the same path run twice (seeded sampling), token ids, cache bookkeeping; a token forbidden by
+  ``min_new_tokens`` (its logit is -inf).
+"""
 
 import pytest
 import torch
@@ -10,6 +23,8 @@ from textenv.engine import GenerationEngine as RolloutEngine
 from textenv.engine.fast_path import DecodingPath, decoding_path
 from textenv.engine.prefix_cache import PrefixCache, common_prefix_length
 from textenv.engine.sampling import SamplingSettings
+
+from numerics import assert_greedy_agree, assert_greedy_continuations_agree
 
 PROMPT = "You are a calculator. Answer with <request><Calc>expression<call> and end with <submit>.\n\n"
 QUERIES = ["What is 1+1?", "What is 12*7, please?", "Compute 3-5.", "And 100/4?"]
@@ -55,7 +70,7 @@ def test_greedy_matches_hf_generate_tiny(tiny_model, tokenizer):
     contexts = contexts_for(tokenizer)
     engine = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(12))
     got = ids(engine.generate_batch(contexts, stop_at_eos=False))
-    assert got == [hf_greedy(tiny_model, tokenizer, c, 12) for c in contexts]
+    assert_greedy_continuations_agree(tiny_model, contexts, got, [hf_greedy(tiny_model, tokenizer, c, 12) for c in contexts])
 
 
 def test_greedy_matches_hf_generate_bundled(bundled):
@@ -63,7 +78,7 @@ def test_greedy_matches_hf_generate_bundled(bundled):
     contexts = contexts_for(tokenizer)[:3]
     engine = RolloutEngine(model, tokenizer, greedy_kwargs(10))
     got = ids(engine.generate_batch(contexts, stop_at_eos=False))
-    assert got == [hf_greedy(model, tokenizer, c, 10) for c in contexts]
+    assert_greedy_continuations_agree(model, contexts, got, [hf_greedy(model, tokenizer, c, 10) for c in contexts])
 
 
 def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, monkeypatch):
@@ -72,9 +87,9 @@ def test_fast_path_equals_generate_fallback_with_stops(tiny_model, tokenizer, mo
     fast = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
     force_generate(monkeypatch)
     slow = RolloutEngine(tiny_model, tokenizer, kwargs).generate_batch(contexts, stop_strings=["a", "e"], stop_at_eos=False)
-    assert ids(fast) == ids(slow)
-    assert [c.finish_reason for c in fast] == [c.finish_reason for c in slow]
-    assert [c.text for c in fast] == [c.text for c in slow]
+    for context, one, other in zip(contexts, fast, slow):
+        if assert_greedy_continuations_agree(tiny_model, [context], [one.token_ids], [other.token_ids]):
+            assert (one.finish_reason, one.text) == (other.finish_reason, other.text)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 16])
@@ -82,7 +97,7 @@ def test_batched_equals_one_by_one(tiny_model, tokenizer, batch_size):
     contexts = contexts_for(tokenizer)
     one_by_one = [ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate_batch([c], stop_at_eos=False))[0] for c in contexts]
     batched = ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(10)).generate_batch(contexts, batch_size=batch_size, stop_at_eos=False))
-    assert batched == one_by_one
+    assert_greedy_continuations_agree(tiny_model, contexts, batched, one_by_one)
 
 
 def test_next_turn_reuses_the_cache_and_matches_no_cache(tiny_model, tokenizer):
@@ -90,12 +105,13 @@ def test_next_turn_reuses_the_cache_and_matches_no_cache(tiny_model, tokenizer):
     cached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8))
     uncached = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(8), reuse_cache=False)
     first = cached.generate_batch(contexts, stop_at_eos=False)
-    assert ids(first) == ids(uncached.generate_batch(contexts, stop_at_eos=False))
+    assert_greedy_continuations_agree(tiny_model, contexts, ids(first), ids(uncached.generate_batch(contexts, stop_at_eos=False)))
     tool = tokenizer("42<response>", add_special_tokens=False, return_tensors="pt").input_ids[0]
     second_contexts = [torch.cat([c, done.token_ids, tool]) for c, done in zip(contexts, first)]
     for context in second_contexts:  # every episode's previous turn is cached
         assert len(cached.prefix_cache.longest_prefix(context)) == len(context) - len(tool) - 1
-    assert ids(cached.generate_batch(second_contexts, stop_at_eos=False)) == ids(uncached.generate_batch(second_contexts, stop_at_eos=False))
+    second = ids(cached.generate_batch(second_contexts, stop_at_eos=False))
+    assert_greedy_continuations_agree(tiny_model, second_contexts, second, ids(uncached.generate_batch(second_contexts, stop_at_eos=False)))
     assert not uncached.prefix_cache.entries
 
 
@@ -117,7 +133,8 @@ def test_cache_is_dropped_when_weights_change(tiny_model, tokenizer):
         tiny_model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # an in-place update, like an optimizer step
     fresh = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(6), reuse_cache=False)
     extended = [torch.cat([c, torch.tensor([13, 14])]) for c in contexts]
-    assert ids(engine.generate_batch(extended, stop_at_eos=False)) == ids(fresh.generate_batch(extended, stop_at_eos=False))
+    got = ids(engine.generate_batch(extended, stop_at_eos=False))
+    assert_greedy_continuations_agree(tiny_model, extended, got, ids(fresh.generate_batch(extended, stop_at_eos=False)))
 
 
 def test_cache_is_dropped_after_a_fused_optimizer_step(tokenizer):
@@ -135,7 +152,8 @@ def test_cache_is_dropped_after_a_fused_optimizer_step(tokenizer):
     optimizer.step()
     fresh = RolloutEngine(model, tokenizer, greedy_kwargs(6), reuse_cache=False)
     extended = [torch.cat([c, torch.tensor([13, 14])]) for c in contexts]
-    assert ids(engine.generate_batch(extended, stop_at_eos=False)) == ids(fresh.generate_batch(extended, stop_at_eos=False))
+    got = ids(engine.generate_batch(extended, stop_at_eos=False))
+    assert_greedy_continuations_agree(model, extended, got, ids(fresh.generate_batch(extended, stop_at_eos=False)))
 
 
 def test_stop_strings_per_row(tiny_model, tokenizer):
@@ -143,15 +161,18 @@ def test_stop_strings_per_row(tiny_model, tokenizer):
     free = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate_batch(contexts, stop_at_eos=False)
     stop = free[0].text[3:6]  # a string that row 0 produces; other rows stop on it or run on
     completions = RolloutEngine(tiny_model, tokenizer, greedy_kwargs(24)).generate_batch(contexts, stop_strings=[stop], stop_at_eos=False)
-    for full, completion in zip(free, completions):
+    same = []  # rows leave the batch at their stop: the others decode in smaller batches (another reduction order)
+    for context, full, completion in zip(contexts, free, completions):
         if completion.finish_reason == "stop":
             assert stop in completion.text
             shorter = tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=False)
             assert stop not in shorter  # cut right at the token that completed the stop string
-            assert full.token_ids.tolist()[: len(completion.token_ids)] == completion.token_ids.tolist()
         else:
             assert completion.finish_reason == "length" and stop not in completion.text
-    assert completions[0].finish_reason == "stop"
+        prefix = full.token_ids[: len(completion.token_ids)]
+        same.append(assert_greedy_continuations_agree(tiny_model, [context], [prefix], [completion.token_ids]))
+    if same[0]:  # row 0 wrote the stop string in the free run
+        assert completions[0].finish_reason == "stop"
 
 
 def test_eos_ends_a_row(tiny_model, tokenizer):
@@ -161,13 +182,13 @@ def test_eos_ends_a_row(tiny_model, tokenizer):
     eos = free[0].token_ids[2].item()
     end = free[0].token_ids.tolist().index(eos) + 1
     completions = RolloutEngine(tiny_model, tokenizer, {**greedy_kwargs(6), "eos_token_id": eos}).generate_batch(contexts, stop_at_eos=False)
-    assert completions[0].token_ids.tolist() == free[0].token_ids[:end].tolist()
-    assert completions[0].finish_reason == "eos"
-    for full, completion in zip(free[1:], completions[1:]):
+    if assert_greedy_continuations_agree(tiny_model, contexts[:1], [completions[0].token_ids], [free[0].token_ids[:end]]):
+        assert completions[0].finish_reason == "eos"
+    for context, full, completion in zip(contexts[1:], free[1:], completions[1:]):  # rows leave the batch at EOS
         expected = full.token_ids.tolist()
         if eos in expected:
             expected = expected[: expected.index(eos) + 1]
-        assert completion.token_ids.tolist() == expected
+        assert_greedy_continuations_agree(tiny_model, [context], [completion.token_ids], [expected])
 
 
 def test_max_new_tokens_and_min_new_tokens(tiny_model, tokenizer):
@@ -242,7 +263,6 @@ def test_a_fast_episode_goes_on_while_others_generate(bundled):
         await asyncio.gather(episode(0), episode(1))
 
     asyncio.run(both())
-    assert [index for index, _ in events] == [0, 0, 1, 1]  # episode 0 finished both turns first
 
     lockstep = RolloutEngine(model, tokenizer, greedy_kwargs(12))
     expected_first = lockstep.generate_batch(contexts, stop_strings=[stop])
@@ -251,8 +271,15 @@ def test_a_fast_episode_goes_on_while_others_generate(bundled):
     by_episode = {0: [], 1: []}
     for index, token_ids in events:
         by_episode[index].append(token_ids)
-    for index in (0, 1):
-        assert by_episode[index] == [expected_first[index].token_ids.tolist(), expected_second[index].token_ids.tolist()]
+    same = True
+    for index in (0, 1):  # the whole episode: first turn, the appended [13, 14], second turn
+        own = torch.cat([contexts[index], torch.tensor(by_episode[index][0]), torch.tensor([13, 14]), torch.tensor(by_episode[index][1])])
+        batched = torch.cat([followers[index], expected_second[index].token_ids])
+        chosen = [torch.cat([torch.zeros(len(contexts[index])), torch.ones(len(turn)), torch.zeros(2), torch.ones(len(second))])
+                  for turn, second in ((by_episode[index][0], by_episode[index][1]), (expected_first[index].token_ids, expected_second[index].token_ids))]
+        same &= assert_greedy_agree(model, own, batched, start=len(contexts[index]), what=f"episode {index}", masks=chosen)
+    if same:  # the stop string singled out row 0 in the batch: so it does at its own pace
+        assert [index for index, _ in events] == [0, 0, 1, 1]  # episode 0 finished both turns first
 
 
 def test_requests_without_fast_path_are_served_by_hf_generate(tiny_model, tokenizer, no_fast_path):
@@ -266,7 +293,7 @@ def test_requests_without_fast_path_are_served_by_hf_generate(tiny_model, tokeni
         return await asyncio.gather(*(engine.generate(context, episode=index) for index, context in enumerate(contexts)))
 
     completions = asyncio.run(all_turns())
-    assert ids(completions) == [hf_greedy(tiny_model, tokenizer, c, 4) for c in contexts]
+    assert_greedy_continuations_agree(tiny_model, contexts, ids(completions), [hf_greedy(tiny_model, tokenizer, c, 4) for c in contexts])
     assert not engine.prefix_cache.entries  # generate keeps no KV
 
 
@@ -293,7 +320,7 @@ def test_an_episode_kv_is_kept_for_its_next_turn_and_dropped_when_it_ends(tiny_m
     outcomes = asyncio.run(everything())
     for index, (stored, extended, second) in enumerate(outcomes):
         assert len(stored) == 1 and len(stored[0]) == len(contexts[index]) + 3  # context + 3 of 4 new tokens
-        assert ids([second]) == ids(fresh.generate_batch([extended], stop_at_eos=False))
+        assert_greedy_continuations_agree(tiny_model, [extended], ids([second]), ids(fresh.generate_batch([extended], stop_at_eos=False)))
     engine.generate_batch(contexts[:1])  # the next call releases the ended episodes' entries
     assert not any(entry.owner in range(len(contexts)) for entry in engine.prefix_cache.entries)
 
@@ -326,7 +353,7 @@ def test_a_model_error_fails_the_rows_it_hit_and_the_engine_goes_on(tiny_model, 
     assert not engine.prefix_cache.entries
     served = asyncio.run(all_turns())
     assert all(isinstance(outcome, Completion) for outcome in served)
-    assert ids(served) == ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(3)).generate_batch(contexts))
+    assert_greedy_continuations_agree(tiny_model, contexts, ids(served), ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(3)).generate_batch(contexts)))
 
 
 def test_run_hosted_decodes_in_the_calling_thread(tiny_model, tokenizer, monkeypatch):
@@ -356,4 +383,4 @@ def test_run_hosted_decodes_in_the_calling_thread(tiny_model, tokenizer, monkeyp
     loop_thread, completions = engine.run_hosted(episodes())
     assert decoding_threads == {threading.current_thread().name} != {loop_thread}
     assert engine._worker is None
-    assert ids(completions) == ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).generate_batch(contexts))
+    assert_greedy_continuations_agree(tiny_model, contexts, ids(completions), ids(RolloutEngine(tiny_model, tokenizer, greedy_kwargs(4)).generate_batch(contexts)))

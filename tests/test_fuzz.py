@@ -1,4 +1,7 @@
-"""Property tests: the parser never raises, histories keep their invariants for any segment sequence."""
+"""Property tests: the parser never raises, histories keep their invariants for any segment sequence.
+
+Comparisons: all exact (strings, integer token ids and masks).
+"""
 
 import torch
 from hypothesis import example, given, settings

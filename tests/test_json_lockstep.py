@@ -1,6 +1,13 @@
 """`TextEnvironment(tool_format="json")` honours an overridden `generate` as the tag format does: episodes
 run in lockstep through it (every live episode's turn in one call, then every tool call), with the same
-warning and `turn_order` rules; with the built-in `generate`, lockstep gives the continuous run's episodes."""
+warning and `turn_order` rules; with the built-in `generate`, lockstep gives the continuous run's episodes.
+
+Comparisons (tests/numerics.py has the analysis): the continuous and the lockstep runs of the bundled model
+decode greedily in different batches (another reduction order), so `assert_greedy_histories_agree`: tokens
+and masks equal up to the first rounding tie of the top two logits (checked in float64), and the tool calls,
+which follow from the tokens, compared where the episodes are identical. Scripted and recorded token ids are
+compared exactly (copies).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ import torch
 from textenv.environment import TextEnvironment
 from textenv.episodes.lockstep import LockstepGenerator
 from textenv.tools import Calculator
+
+from numerics import assert_greedy_histories_agree
 
 SCRIPT = {
     "What is 2+3?": ['<tool_call>\n{"name": "Calculator", "arguments": {"query": "2+3"}}\n</tool_call>', "Result=5"],
@@ -151,8 +160,8 @@ def test_the_builtin_generate_in_lockstep_gives_the_continuous_episodes(bundled)
                               generation_kwargs={"do_sample": False, "max_new_tokens": 40}, tool_format="json", turn_order=order)
         runs[order] = env.run(queries, answers=answers)[4]
     for continuous, lockstep in zip(runs["continuous"], runs["lockstep"]):
-        assert torch.equal(continuous.tokens, lockstep.tokens) and torch.equal(continuous.token_masks, lockstep.token_masks)
-        assert json.dumps(continuous.info["tool_calls"]) == json.dumps(lockstep.info["tool_calls"])
+        if assert_greedy_histories_agree(model, [continuous], [lockstep]):
+            assert json.dumps(continuous.info["tool_calls"]) == json.dumps(lockstep.info["tool_calls"])
 
 
 def test_the_builtin_generate_in_lockstep_keeps_the_sampled_ids_and_answers_the_calls(bundled):

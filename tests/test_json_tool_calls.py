@@ -3,6 +3,9 @@
 
 Environment-logic tests script the model's turns (exact ids chosen by the test); the same paths run with
 the real bundled model below, where the sampled ids are recorded from the engine and compared bit for bit.
+
+Comparisons: all exact. Every one compares token ids, masks or texts with a copy of themselves (the ids the
+script or the engine returned, as the history keeps them); no two computations of the model are compared.
 """
 
 from __future__ import annotations

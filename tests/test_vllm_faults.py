@@ -2,7 +2,14 @@
 the episodes they hit, with a bounded retry and every completions.jsonl line written; bad arguments get
 errors naming the fix; sampling settings map to vLLM's; the weights a server gets are the policy's own,
 LoRA merged. A small fake server stands in for vLLM here: the same paths run on real vLLM servers in
-tests/test_vllm_backend.py."""
+tests/test_vllm_backend.py.
+
+Comparisons (tests/numerics.py has the analysis): the server's token ids and log-probabilities reach the
+history exactly (copies; -0.5 is exact in float32 and JSON); the merged LoRA weights sent against PEFT's own
+`merge_and_unload` are two computations of ``W + scale * B @ A`` (equal today only because both call PEFT's
+``get_delta_weight``), so `assert_reordered_close` over the rank's ``r`` products plus the addition; the
+weights the policy keeps, exact.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from textenv.gym import GymScheduler, read_completions
 from textenv.vllm import VLLMEngine, VLLMServerClient, VLLMServerError, checkpoint_state_dict
 from textenv.vllm.engine import vllm_sampling
 from textenv.vllm.server import free_port
+
+from numerics import assert_reordered_close
 
 ROWS = [{"problem": "What is 2+2?", "solution": "4"}, {"problem": "What is 3+4?", "solution": "7"}]
 
@@ -172,7 +181,8 @@ def test_the_weights_sent_are_the_policys_with_lora_merged_and_the_policy_is_unt
     from textenv.ppo import AutoModelForCausalLMWithValueHead
 
     names = set(tiny_model.state_dict()) - {"lm_head.weight"}
-    peft_model = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    rank = 4
+    peft_model = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for name, parameter in peft_model.named_parameters():
             if "lora_B" in name:
@@ -183,7 +193,7 @@ def test_the_weights_sent_are_the_policys_with_lora_merged_and_the_policy_is_unt
     expected = copy.deepcopy(peft_model).merge_and_unload().state_dict()
     assert set(sent) == names
     for name, tensor in sent.items():
-        torch.testing.assert_close(tensor, expected[name])
+        assert_reordered_close(tensor, expected[name], rank + 1, name)
     assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"], tiny_model.state_dict()["model.layers.0.self_attn.q_proj.weight"])
     assert all(torch.equal(p, before[name]) for name, p in policy.named_parameters())
 

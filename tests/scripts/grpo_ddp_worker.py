@@ -6,11 +6,16 @@ GRPOTrainer.step and saves its trained weights and statistics to OUT_DIR/rank{N}
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
-from textenv.grpo import GRPOConfig, GRPOTrainer
-from textenv.testing import tiny_causal_lm
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for numerics (torchrun runs this file as a script)
+
+from numerics import float64_model  # noqa: E402
+
+from textenv.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
+from textenv.testing import tiny_causal_lm  # noqa: E402
 
 VOCAB = 512
 
@@ -23,9 +28,10 @@ def grpo_episodes(rank: int):
 
 
 def grpo_trainer(batch_size: int) -> GRPOTrainer:
-    """The tiny model's trainer, with SGD (its update is the gradient itself: Adam's first step, about
-    lr * sign(gradient), would magnify float rounding where a gradient is about 0)."""
-    model = tiny_causal_lm(vocab_size=VOCAB, seed=0)
+    """The tiny model's trainer, in float64 with SGD (its update is the gradient itself: Adam's first step, about
+    lr * sign(gradient), would magnify float rounding where a gradient is about 0; and the two runs reduce their
+    gradients in other orders, which float64 makes 10^9 times smaller than in float32)."""
+    model = float64_model(tiny_causal_lm(vocab_size=VOCAB, seed=0))
     config = GRPOConfig(batch_size=batch_size, mini_batch_size=2, num_generations=2, seed=3)
     return GRPOTrainer(config, model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
 

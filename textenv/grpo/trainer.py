@@ -28,6 +28,7 @@ from textenv.grpo.batch import GroupBatch, pad_group_batch, response_logprobs
 from textenv.grpo.config import GRPOConfig
 from textenv.padding import pad_token_id
 from textenv.ppo.checkpoint import TrainerSaving
+from textenv.ppo.core import upcast_half
 from textenv.ppo.reference_model import create_reference_model
 from textenv.ppo.step_stats import StepStatisticsMixin
 from textenv.ppo.trainer_setup import default_optimizer, init_trackers, is_value_head_model, make_accelerator
@@ -151,7 +152,7 @@ class GRPOTrainer(TrainerSaving):
         with torch.no_grad(), self.accelerator.autocast():
             for start in range(0, len(rows), self.config.mini_batch_size):
                 logprobs, _ = response_logprobs(model, batch.select(rows[start : start + self.config.mini_batch_size]), self.config.temperature)
-                chunks.append(logprobs.float())
+                chunks.append(upcast_half(logprobs))  # bf16/fp16 -> float32; a float64 model stays float64
         model.train(was_training)
         timings[name] = time.perf_counter() - started
         return torch.cat(chunks)

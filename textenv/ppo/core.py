@@ -42,6 +42,7 @@ __all__ = [
     "stack_dicts",
     "stats_to_np",
     "top_k_top_p_filtering",
+    "upcast_half",
     "whiten",
 ]
 
@@ -49,6 +50,15 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # log-probabilities and entropy
 # --------------------------------------------------------------------------------------------------
+def upcast_half(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float32 if it is in a half-precision dtype (bfloat16, float16), else unchanged.
+
+    The step's log-softmax statistics need at least float32; a float64 model keeps float64 (legacy TRL's
+    ``.float()`` rounded it to float32, against its own comment "upcast in fp32 if logits are in half-precision").
+    """
+    return tensor.float() if tensor.is_floating_point() and torch.finfo(tensor.dtype).bits < 32 else tensor
+
+
 def selective_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[..., label]`` without materialising the full log-softmax.
 
@@ -125,7 +135,7 @@ def full_kl_penalty(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 
     ``logits`` may be unnormalised (they are log-softmaxed first); log-probabilities work as well.
     """
-    return kl_penalty(F.log_softmax(logits.float(), dim=-1), F.log_softmax(ref_logits.float(), dim=-1), "full")
+    return kl_penalty(F.log_softmax(upcast_half(logits), dim=-1), F.log_softmax(upcast_half(ref_logits), dim=-1), "full")
 
 
 # --------------------------------------------------------------------------------------------------

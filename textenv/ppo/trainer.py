@@ -212,7 +212,7 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
 
         t = time.time()
         experience = {"queries": queries, "responses": responses, "model_inputs": model_inputs, "packed": packed,
-                   "logprobs": logprobs.float(), "values": values.float(), "masks": masks,
+                   "logprobs": core.upcast_half(logprobs), "values": core.upcast_half(values), "masks": masks,
                    "advantages": advantages, "returns": returns, "policy_pass": policy_pass, "weights": weights}
         all_stats = self._optimise(experience, legacy_forward)
         timing["time/ppo/optimize_step"] = time.time() - t

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from textenv.engine.fast_path import cache_keyword, returned_cache
+from textenv.ppo.core import upcast_half
 from textenv.ppo.pretrained_wrapper import PreTrainedModelWrapper
 
 VALUE_HEAD_KWARGS = ("summary_dropout_prob", "v_head_initializer_range", "v_head_init_strategy")
@@ -158,7 +159,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
         if last_hidden_state.device != self.v_head.summary.weight.device:
             last_hidden_state = last_hidden_state.to(self.v_head.summary.weight.device)
         value = self.v_head(last_hidden_state).squeeze(-1)  # [B, T]
-        logits = output.logits.float()
+        logits = upcast_half(output.logits)
         if return_past_key_values:
             return logits, output.loss, value, returned_cache(output)
         return logits, output.loss, value
@@ -178,7 +179,7 @@ class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
         kept = hidden[:, logits_to_keep] if isinstance(logits_to_keep, slice) else hidden[
             :, as_index(logits_to_keep, hidden.shape[1], hidden.device)
         ]
-        logits = causal_lm.get_output_embeddings()(kept).float()  # [B, K, V]
+        logits = upcast_half(causal_lm.get_output_embeddings()(kept))  # [B, K, V]
         return logits, None, value
 
 

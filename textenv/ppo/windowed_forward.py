@@ -55,7 +55,7 @@ def response_positions(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def kept_entropy(logits: torch.Tensor) -> torch.Tensor:
     """`[K, V]` -> `[K]` entropy of each position's softmax (no gradient), ``core.LOGIT_CHUNK`` positions at a time."""
     with torch.no_grad():
-        return torch.cat([core.entropy_from_logits(chunk.float()) for chunk in logits.split(core.LOGIT_CHUNK)])
+        return torch.cat([core.entropy_from_logits(core.upcast_half(chunk)) for chunk in logits.split(core.LOGIT_CHUNK)])
 
 
 class WindowedForwardMixin:
@@ -78,7 +78,7 @@ class WindowedForwardMixin:
                     input_ids=layout.input_ids, position_ids=layout.position_ids,
                     logits_to_keep=layout.token_index[rows, positions], packed_rows=layout,
                 )
-            values = values.float()[0, layout.token_index[:, :num_positions]] * layout.real_tokens[:, :num_positions]
+            values = core.upcast_half(values)[0, layout.token_index[:, :num_positions]] * layout.real_tokens[:, :num_positions]
             return logits[0], values
         col0, col1 = int(batch.first_token.min()), int(batch.last_token.max())
         window = slice(int(positions.min()) - col0, int(positions.max()) + 1 - col0)
@@ -86,7 +86,7 @@ class WindowedForwardMixin:
             logits, _, values = model(
                 input_ids=batch.input_ids[:, col0:col1], attention_mask=batch.attention_mask[:, col0:col1], logits_to_keep=window
             )
-        values = F.pad(values.float(), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
+        values = F.pad(core.upcast_half(values), (col0, num_positions + 1 - col1))[:, :num_positions]  # [b, L - 1]
         return logits[rows, positions - col0 - window.start], values
 
     @contextlib.contextmanager
@@ -127,7 +127,8 @@ class WindowedForwardMixin:
         """
         chunk = self.config.mini_batch_size
         num_rows = batch.input_ids.shape[0]
-        logprobs = torch.zeros(num_rows, batch.num_positions, device=batch.input_ids.device)
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)  # bf16 -> float32, float64 kept
+        logprobs = torch.zeros(num_rows, batch.num_positions, dtype=dtype, device=batch.input_ids.device)
         ref_logprobs, values = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
         early = set() if early_rows is None else set(early_rows.tolist())
         late_rows = [row for row in range(num_rows) if row not in early]
