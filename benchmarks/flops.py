@@ -144,7 +144,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    result = {"threads": args.threads, "torch": torch.__version__}
+    from textenv.hardware import describe_cpu
+
+    result = {"threads": args.threads, "torch": torch.__version__, "cpu": describe_cpu()}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         measured = matmul_peak_gflops(dtype, args.threads, repeats=args.repeats)
         result[name] = measured["peak"]

@@ -22,6 +22,7 @@ import warnings
 import psutil
 import torch
 
+from textenv.hardware import describe_cpu
 from textenv.models import load_bundled_model
 from textenv.ppo import PPOConfig, PPOTrainer
 from textenv.tasks import calculator as task
@@ -116,9 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
             "loss_total": stats["ppo/loss/total"],
         })
     results["ru_maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["cpu"] = describe_cpu()
     print(f"PPO step: batch {args.batch_size}, mini-batch {args.mini_batch_size}, {args.ppo_epochs} epochs, "
           f"query ~{results['query_tokens_mean']:.0f} tokens, response ~{results['response_tokens_mean']:.0f} tokens, "
-          f"{results['device']}, {results['torch_threads']} threads, shared prompt prefix: {config.share_prompt_prefix}")
+          f"{results['device']}, {results['torch_threads']} threads, shared prompt prefix: {config.share_prompt_prefix}; "
+          f"CPU: {results['cpu']}")
     for index, step in enumerate(results["steps"]):
         print(f"step {index + 1}: {step['seconds']:.2f} s (forward {step['forward_pass_s']:.2f} s, optimise "
               f"{step['optimize_step_s']:.2f} s), peak RSS {step['peak_rss_mb']:.0f} MiB "

@@ -28,6 +28,13 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def cpu_line(*result_lists: list[dict]) -> str:
+    """The line above a table: the CPU its figures were measured on, with the kernel level torch ran and
+    whether bf16 is native, as each side process recorded it (`workload.cpu_description`)."""
+    cpus = list(dict.fromkeys(result["cpu"] for results in result_lists for result in results if result.get("cpu")))
+    return "CPU: " + ("; ".join(cpus) if cpus else "not recorded (results saved before the CPU was)") + "."
+
+
 # ------------------------------------------------------------------------------ main summary table
 def summary_row(
     name: str,
@@ -338,7 +345,8 @@ def vllm_lines(raw: dict) -> list[str]:
     prepares = [result["prepare_seconds"] for result in runs if "prepare_seconds" in result]
     memory = [run["server_rss_mb"] for result in runs for run in result.get("runs", []) if "server_rss_mb" in run]
     lines = [
-        f"textenv on vLLM: one vLLM server ({server.get('version', 'vLLM')}, `--dtype {server['dtype']}`) "
+        f"textenv on vLLM: one vLLM server ({server.get('version', 'vLLM')}, `--dtype {server['dtype']}`"
+        + (f": {server['dtype_reason']}" if server.get("dtype_reason") else "") + (f"; CPU: {server['cpu']}" if server.get("cpu") else "") + ") "
         f"for the whole run, ready after {server['startup_seconds']:.0f} s. Each side process on it ({len(runs)}) sends "
         f"the weights at its engine's first use: the first weight sync took {_spread(syncs)} s, the whole first use (sync "
         f"and the served model's checks) {_spread(prepares)} s. None of it is in the figures (a warm-up request "

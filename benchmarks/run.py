@@ -305,7 +305,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     if ceiling:
         parts += [
             f"Matmul ceiling on this machine ({ceiling['threads']} threads): fp32 {ceiling['fp32']:.0f} GFLOP/s, "
-            f"bf16 {ceiling['bf16']:.0f} GFLOP/s (best median over torch GEMMs of the model's shapes; see benchmarks/flops.py).",
+            f"bf16 {ceiling['bf16']:.0f} GFLOP/s (best median over torch GEMMs of the model's shapes; see benchmarks/flops.py). "
+            + report.cpu_line([ceiling]),
             "",
         ]
     summary_rows, notes = [], []
@@ -340,7 +341,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             line += f"; missing in textenv: {stats['missing']}"
         notes.append(line)
     header = report.summary_header(with_flops=with_flops, bf16=bf16)
-    parts += [report.markdown_table(header, summary_rows), ""] if summary_rows else []
+    summary_results = [results for name in SIDE_WORKLOADS if name in raw for results in raw[name].values() if isinstance(results, list)]
+    parts += [report.cpu_line(*summary_results), "", report.markdown_table(header, summary_rows), ""] if summary_rows else []
     if with_flops and summary_rows:
         parts += [
             "Model GFLOP/s: the workload's minimal model FLOPs (benchmarks/flops.py; PPO: from the batch, the same for "
@@ -349,14 +351,17 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             "",
         ]
     if "gym" in raw:
-        parts += [report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)), ""]
+        gym_results = [results for results in raw["gym"].values() if isinstance(results, list)]
+        gym_table = report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS))
+        parts += [report.cpu_line(*gym_results), "", gym_table, ""]
     if GRPO_WORKLOAD in raw:
-        parts += [*grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
+        parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.SIDES)), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
         if side in raw.get("turns", {}):
             title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")
-            parts += [f"How cost grows with turns (`turns` workload{title}):", "",
-                      report.turns_table(raw["turns"]["legacy"], raw["turns"][side], list(TURNS), label=label), ""]
+            legacy, results = raw["turns"]["legacy"], raw["turns"][side]
+            parts += [f"How cost grows with turns (`turns` workload{title}). " + report.cpu_line(legacy, results), "",
+                      report.turns_table(legacy, results, list(TURNS), label=label), ""]
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes] if notes else []
     decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:

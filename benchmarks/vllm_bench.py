@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import workload
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "auto")  # resolved for this machine (textenv.hardware.resolve_server_dtype)
 KV_CACHE_GIB = 1
 
 
@@ -31,14 +31,19 @@ def _log(message: str) -> None:
 
 @contextmanager
 def running_server(dtype: str = "float32", log: Callable[[str], None] = _log) -> Iterator[Any]:
-    """A vLLM server of the bundled model in `dtype` on a free port, stopped when the block ends however
-    it ends (SIGTERM is turned into `SystemExit` meanwhile so that it ends the block too)."""
+    """A vLLM server of the bundled model in `dtype` (resolved for this machine: `auto` is float32 on a CPU that
+    emulates bf16) on a free port, stopped when the block ends however it ends (SIGTERM is turned into
+    `SystemExit` meanwhile so that it ends the block too; the server's guard stops it if this process dies).
+    The server's `dtype_choice` says which dtype it runs in and why."""
+    from textenv.hardware import resolve_server_dtype
     from textenv.models import bundled_model_path
     from textenv.vllm.server import VLLMServer, free_port
 
-    server = VLLMServer(str(bundled_model_path()), free_port(), dtype, kv_cache_gib=KV_CACHE_GIB)
+    choice = resolve_server_dtype(dtype)
+    server = VLLMServer(str(bundled_model_path()), free_port(), choice.dtype, kv_cache_gib=KV_CACHE_GIB)
+    server.dtype_choice = choice
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    log(f"[vllm] starting a server ({dtype}) on {server.url} (log: {server.log_path}) ...")
+    log(f"[vllm] starting a server on {server.url}, {choice.reason} (log: {server.log_path}) ...")
     try:
         server.start()
         log(f"[vllm] server ready after {server.startup_seconds:.0f} s (not in the figures)")
@@ -50,12 +55,15 @@ def running_server(dtype: str = "float32", log: Callable[[str], None] = _log) ->
 
 
 def server_record(server: Any, dtype: str) -> dict[str, Any]:
-    """What the report says about the server (its dtype, start-up time and vLLM version) and how the sides
-    reach it (URL, process id)."""
+    """What the report says about the server (its dtype and why, the CPU, start-up time and vLLM version) and
+    how the sides reach it (URL, process group)."""
+    from textenv.hardware import describe_cpu
     from textenv.vllm.client import VLLMServerClient
 
     version = (VLLMServerClient(server.url).request("GET", "/version") or {}).get("version")
-    return {"dtype": dtype, "startup_seconds": server.startup_seconds, "url": server.url, "pid": server.process.pid,
+    choice = getattr(server, "dtype_choice", None)
+    return {"dtype": choice.dtype if choice else dtype, "requested_dtype": dtype, "dtype_reason": choice.reason if choice else None,
+            "cpu": describe_cpu(), "startup_seconds": server.startup_seconds, "url": server.url, "pid": server.process.pid,
             "version": f"vLLM {version}" if version else "vLLM"}
 
 

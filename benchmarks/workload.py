@@ -8,6 +8,7 @@ This module is imported by `legacy_side.py` (legacy venv: trl 0.11.4, transforme
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import operator
 import random
@@ -183,9 +184,21 @@ def episode_record(history: Any) -> dict[str, Any]:
 
 
 def emit(result: dict[str, Any]) -> None:
-    """Print the one JSON line the orchestrator reads (prefixed so library chatter cannot be confused)."""
-    sys.stdout.write("BENCH_RESULT " + json.dumps(result) + "\n")
+    """Print the one JSON line the orchestrator reads (prefixed so library chatter cannot be confused), with
+    the CPU it was measured on (`cpu`: kernel level and bf16 nativeness)."""
+    sys.stdout.write("BENCH_RESULT " + json.dumps({**result, "cpu": cpu_description()}) + "\n")
     sys.stdout.flush()
+
+
+def cpu_description() -> str:
+    """This CPU, the kernels torch runs on it and whether bf16 is native (`textenv/hardware.py`, loaded by its
+    path: the legacy venv has no textenv, and the module needs only torch)."""
+    name = "textenv_hardware"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "textenv" / "hardware.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name].describe_cpu()
 
 
 def read_json(path: str | Path) -> Any:

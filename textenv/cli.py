@@ -7,7 +7,7 @@ spellings of every option). ``textenv COMMAND --help`` lists a command's options
     textenv demo    [--quick] [--budget_minutes M] [--tool_format json] [any Settings option]
     textenv train   --task calculator|gym [--dataset rows.jsonl] [--config run.yaml] [PPOConfig / ModelConfig options]
     textenv rollout --model M --dataset rows.jsonl --gym_env NAME --max_turns N --output completions.jsonl
-    textenv serve   --model PATH|bundled --port PORT [--dtype float32]   (a vLLM server for --engine vllm)
+    textenv serve   --model PATH|bundled --port PORT [--dtype auto]   (a vLLM server for --engine vllm)
     textenv view    PATH [--output page.html] [--serve]   (PATH: a run directory or a .jsonl file of episodes)
 """
 

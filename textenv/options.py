@@ -56,7 +56,11 @@ class EpisodeArguments:
         default=None, metadata={"help": "--engine vllm: the server(s), comma-separated (none: textenv starts one for the model, see `textenv serve`)"}
     )
     vllm_mode: str = field(default="server", metadata={"help": "--engine vllm: 'server' (HTTP) or 'colocate' (vLLM in this process)"})
-    vllm_dtype: str = field(default="float32", metadata={"help": "--engine vllm without --vllm_server_url: the started server's --dtype"})
+    vllm_dtype: str = field(
+        default="float32",
+        metadata={"help": "--engine vllm without --vllm_server_url: the started server's --dtype (float32: the tokens of the trained "
+                          "float32 policy; auto: float32 on a CPU without native bf16, else vLLM's choice, bf16; the choice is logged)"},
+    )
 
     def __post_init__(self) -> None:
         if self.tool_format not in TOOL_FORMATS:

@@ -32,6 +32,7 @@ from textenv.asyncio_bridge import run_sync
 from textenv.engine.decoding import ContinuousDecoder, DecodeRequest
 from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
 from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
+from textenv.engine.precision import autocast_dtype, decoding_autocast
 from textenv.engine.prefix_cache import PrefixCache
 from textenv.engine.sampling import SamplingSettings
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
@@ -63,16 +64,6 @@ class Completion:
     logprobs: torch.Tensor | None = None
 
 
-MIXED_PRECISION_DTYPES = {None: None, "no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_dtype(mixed_precision: str | None) -> torch.dtype | None:
-    """The autocast dtype of a ``mixed_precision`` setting (accelerate's names), ``ValueError`` for others."""
-    if mixed_precision not in MIXED_PRECISION_DTYPES:
-        raise ValueError(f"mixed_precision must be None, 'no', 'bf16' or 'fp16', got {mixed_precision!r}.")
-    return MIXED_PRECISION_DTYPES[mixed_precision]
-
-
 class GenerationEngine:
     """Generates model turns for many episodes at once.
 
@@ -88,12 +79,10 @@ class GenerationEngine:
         reuse_cache (`bool`, defaults to `True`): reuse cached prefixes (an episode's previous turns, a
             shared prompt). The cache is dropped automatically when the model's weights change. `False`
             recomputes every context from scratch.
-        mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"` runs the model under `torch.autocast` with
-            that dtype while decoding (matrix products in half precision, weights kept as they are); `None` or
-            `"no"` (default): the model's own dtype. Tokens then follow the half-precision model, so greedy
-            episodes can differ from float32 ones. Meant for GPUs: on the 2-core AVX-512 BF16 CPU of the
-            benchmarks, autocast decoding measured slower than float32 (small matrix products, per-step
-            casts of frozen weights), see the README.
+        mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"` decodes under `torch.autocast` in that dtype
+            (weights kept as they are; greedy tokens follow the half-precision model); `None` or `"no"` (default):
+            the model's own dtype. Meant for GPUs: on CPUs it measured slower than float32, with native bf16 too
+            (see the README), and a CPU that emulates bf16 gets a warning with the cost (`textenv.hardware`).
     """
 
     def __init__(
@@ -354,8 +343,7 @@ class GenerationEngine:
     def _autocast(self, model) -> torch.autocast:
         # One context for the whole serving loop: autocast keeps the half-precision copy of each weight until
         # it exits, so weights are cast once per call, not once per decoding step.
-        device_type = next(model.parameters()).device.type
-        return torch.autocast(device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        return decoding_autocast(model, self.autocast_dtype)
 
     def _take_waiting(self, decoder: ContinuousDecoder, model) -> tuple[list | None, list]:
         """The requests to admit now (`None`: nothing is running or waiting, the thread ends) and the

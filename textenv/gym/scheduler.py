@@ -20,8 +20,9 @@ from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import check_loss_scale
 from textenv.checks import check_positive_int
 from textenv.engine.backends import build_engine
-from textenv.engine.engine import Completion, autocast_dtype
+from textenv.engine.engine import Completion
 from textenv.engine.fast_path import DecodingPath
+from textenv.engine.precision import autocast_dtype
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
 from textenv.gym.completions import CompletionsLog

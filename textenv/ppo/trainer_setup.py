@@ -9,6 +9,7 @@ import warnings
 import torch
 from torch import nn
 
+from textenv.hardware import warn_if_bf16_emulated
 from textenv.ppo.offloaded_reference import OffloadedReference, should_offload
 from textenv.ppo.reference_model import create_reference_model
 from textenv.ppo.seq2seq_value_head import AutoModelForSeq2SeqLMWithValueHead
@@ -91,7 +92,10 @@ def make_accelerator(config, gradient_accumulation_steps: int):
     accelerator_kwargs.setdefault(
         "gradient_accumulation_plugin", GradientAccumulationPlugin(num_steps=gradient_accumulation_steps, sync_with_dataloader=False)
     )
-    return Accelerator(log_with=config.log_with, project_config=ProjectConfiguration(**config.project_kwargs), **accelerator_kwargs)
+    accelerator = Accelerator(log_with=config.log_with, project_config=ProjectConfiguration(**config.project_kwargs), **accelerator_kwargs)
+    if accelerator.mixed_precision == "bf16" and accelerator.device.type == "cpu":
+        warn_if_bf16_emulated("a training step under bf16 autocast (mixed_precision='bf16')")
+    return accelerator
 
 
 def build_reference(trainer, model, ref_model, num_shared_layers):

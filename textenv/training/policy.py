@@ -68,7 +68,9 @@ def load_policy(
         peft_config (`peft.PeftConfig`, *optional*): adapters to train, given whole (e.g. from TRL's
             `get_peft_config`); replaces `lora_rank` / `lora_layers`.
         dtype (`str` or `torch.dtype`, *optional*): the weights' dtype (`"bfloat16"`, `"float32"`, `"auto"`);
-            `None`: the checkpoint's default (float32 for the bundled model).
+            `None`: the checkpoint's default (float32 for the bundled model). textenv never picks bfloat16 itself
+            (`textenv train`'s `--dtype` defaults to float32); bfloat16 weights on a CPU that emulates bf16 are
+            warned about once, with the cost.
 
     Returns:
         `(model, tokenizer)`: a value-head model or, with ``value_head=False``, the causal LM (a `peft.PeftModel`
@@ -93,7 +95,7 @@ def load_policy(
             from peft import get_peft_model
 
             policy = get_peft_model(policy, peft_config)
-        return policy.to(device).eval(), tokenizer
+        return _checked_for_emulated_bf16(policy.to(device).eval()), tokenizer
 
     from textenv.ppo import AutoModelForCausalLMWithValueHead
 
@@ -103,4 +105,15 @@ def load_policy(
     if value_head_init_std > 0:
         options.update(v_head_init_strategy="normal", v_head_initializer_range=value_head_init_std)
     policy = AutoModelForCausalLMWithValueHead.from_pretrained(source, **options)
-    return policy.to(device).eval(), tokenizer
+    return _checked_for_emulated_bf16(policy.to(device).eval()), tokenizer
+
+
+def _checked_for_emulated_bf16(policy):
+    """`policy`, after a warning (once) if it holds bfloat16 weights on a CPU that emulates bf16."""
+    import torch
+
+    from textenv.hardware import warn_if_bf16_emulated
+
+    if any(parameter.dtype == torch.bfloat16 and parameter.device.type == "cpu" for parameter in policy.parameters()):
+        warn_if_bf16_emulated("a policy with bfloat16 weights")
+    return policy

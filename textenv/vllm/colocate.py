@@ -10,14 +10,18 @@ dependencies (it also runs inside vLLM's own environment).
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Any
 
+from textenv.hardware import resolve_server_dtype
 from textenv.vllm.client import ServedTurn, finish_reason
 from textenv.vllm.server import WORKER_DIR, WORKER_EXTENSION
+
+logger = logging.getLogger(__name__)
 
 
 def import_vllm():
@@ -38,7 +42,9 @@ class ColocatedVLLM:
 
     Args:
         model (`str`): the model folder.
-        llm_kwargs: more `vllm.LLM` arguments (`dtype`, `gpu_memory_utilization`, `max_model_len`, ...).
+        llm_kwargs: more `vllm.LLM` arguments (`dtype`, `gpu_memory_utilization`, `max_model_len`, ...). `dtype`
+            (default `"auto"`) is resolved for this machine as a server's is (`textenv.hardware.resolve_server_dtype`:
+            float32 on a CPU without native bf16) and logged with the reason.
     """
 
     mode = "colocate"
@@ -53,7 +59,9 @@ class ColocatedVLLM:
         self.model = str(model)
         self.url = f"in-process:{self.model}"
         self._vllm = vllm
-        self.llm = vllm.LLM(model=self.model, worker_extension_cls=WORKER_EXTENSION, **llm_kwargs)
+        dtype = resolve_server_dtype(llm_kwargs.pop("dtype", "auto"))
+        logger.info("Colocated vLLM for %s, %s.", self.model, dtype.reason)
+        self.llm = vllm.LLM(model=self.model, worker_extension_cls=WORKER_EXTENSION, dtype=dtype.dtype, **llm_kwargs)
         self._requests: "queue.Queue[tuple[list[int], dict, Future]]" = queue.Queue()
         self._lock = threading.Lock()
         threading.Thread(target=self._serve, name="textenv-vllm-colocate", daemon=True).start()

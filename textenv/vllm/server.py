@@ -5,6 +5,10 @@ separate environment and textenv talks to it over HTTP. `VLLMServer` starts
 ``python -m vllm.entrypoints.openai.api_server`` there on loopback, with textenv's worker methods
 (`worker/textenv_vllm_worker.py`, for weight syncs) and the dev endpoints the syncs use, and waits until
 `/health` answers. `textenv serve --model PATH --port PORT` does the same from the command line.
+
+A server never outlives the textenv process that started it: it runs under `guard.py`, which leads its process
+group and stops the whole group (SIGTERM, then SIGKILL after a grace period) when textenv stops it, when textenv
+exits however it exits (SIGKILL and the OOM killer included), or when the server exits by itself.
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ import atexit
 import importlib.util
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
+from textenv.hardware import resolve_server_dtype
 from textenv.logs import setup_logging
 from textenv.vllm.client import VLLMServerClient
 
@@ -31,6 +39,9 @@ WORKER_DIR = Path(__file__).parent / "worker"
 WORKER_EXTENSION = "textenv_vllm_worker.TextenvWorkerExtension"
 VLLM_VENV = ".venv-vllm"
 DEFAULT_STARTUP_TIMEOUT = 600.0
+DEFAULT_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL (a vLLM server still starting ignores SIGTERM)
+GUARD = Path(__file__).with_name("guard.py")
+SERVER_ARGS_VARIABLE = "TEXTENV_VLLM_SERVER_ARGS"
 
 
 def find_vllm_python(explicit: str | None = None) -> str:
@@ -54,11 +65,21 @@ def find_vllm_python(explicit: str | None = None) -> str:
 
 
 def server_command(python: str, model: str, port: int, dtype: str = "auto", extra_args: Sequence[str] = ()) -> list[str]:
-    """The command line of a vLLM server for `model` on 127.0.0.1:`port` with textenv's worker methods."""
+    """The command line of a vLLM server for `model` on 127.0.0.1:`port` with textenv's worker methods, then
+    the arguments of `$TEXTENV_VLLM_SERVER_ARGS` (for every server textenv starts, e.g. ``--enforce-eager``:
+    vLLM 0.32 recompiles the model at every CPU start-up, about 100 s here, as its compile cache does not load
+    under torch 2.13) and `extra_args`."""
     return [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
-        "--port", str(port), "--dtype", dtype, "--worker-extension-cls", WORKER_EXTENSION, *extra_args,
+        "--port", str(port), "--dtype", dtype, "--worker-extension-cls", WORKER_EXTENSION,
+        *shlex.split(os.environ.get(SERVER_ARGS_VARIABLE, "")), *extra_args,
     ]
+
+
+def guarded_command(command: Sequence[str], parent_fd: int, grace: float) -> list[str]:
+    """`command` run under `guard.py` (by this Python, isolated: the guard needs only the standard library),
+    which stops the command's whole process group when the pipe end `parent_fd` closes (see the module's doc)."""
+    return [sys.executable, "-I", str(GUARD), "--parent-fd", str(parent_fd), "--grace", f"{grace:g}", "--", *command]
 
 
 def server_environment(kv_cache_gib: int | None = None) -> dict[str, str]:
@@ -83,47 +104,81 @@ class VLLMServer:
         extra_args: more `vllm serve` arguments.
         log_path (`str`, *optional*): where the server's output goes (default: a file in the temp folder).
         kv_cache_gib (`int`, *optional*, defaults to 2): the CPU backend's KV cache size in GiB (whole GiB).
+        grace (`float`, defaults to 10): seconds a stopping server gets between SIGTERM and SIGKILL.
+
+    `process` is the server's guard (`guard.py`), whose pid is the server's process group.
     """
 
     def __init__(self, model: str, port: int, dtype: str = "auto", vllm_python: str | None = None, extra_args: Sequence[str] = (),
-                 log_path: str | None = None, kv_cache_gib: int | None = 2):
+                 log_path: str | None = None, kv_cache_gib: int | None = 2, grace: float = DEFAULT_STOP_GRACE):
         self.model, self.port = str(model), port
         self.command = server_command(find_vllm_python(vllm_python), model, port, dtype, extra_args)
         self.environment = server_environment(kv_cache_gib)
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"textenv-vllm-{port}.log")
         self.url = f"http://127.0.0.1:{port}"
+        self.grace = grace
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self._lifeline: int | None = None  # the pipe end whose closing stops the server (held by this process only)
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> "VLLMServer":
-        """Start the process and wait until `/health` answers; raise `RuntimeError` with the log's tail if
-        it exits or is not ready within `timeout` seconds."""
+        """Start the server and wait until `/health` answers; raise `RuntimeError` with the log's tail if
+        it exits or is not ready within `timeout` seconds. Anything that interrupts the wait (Ctrl-C, a
+        signal turned into an exception) stops the server before it propagates."""
         started = time.perf_counter()
-        log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command, env=self.environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        client = VLLMServerClient(self.url)
-        while not client.healthy():
-            if self.process.poll() is not None or time.perf_counter() - started > timeout:
-                self.stop()
-                state = f"exited with {self.process.returncode}" if self.process.returncode is not None else f"not ready after {timeout:.0f} s"
-                raise RuntimeError(f"The vLLM server for {self.model} {state}. Its log ({self.log_path}) ends:\n{self.log_tail()}")
-            time.sleep(1.0)
+        try:
+            self._launch()
+            client = VLLMServerClient(self.url)
+            while not client.healthy():
+                if self.process.poll() is not None or time.perf_counter() - started > timeout:
+                    state = f"exited with {self.process.returncode}" if self.process.returncode is not None else f"not ready after {timeout:.0f} s"
+                    self.stop()
+                    raise RuntimeError(f"The vLLM server for {self.model} {state}. Its log ({self.log_path}) ends:\n{self.log_tail()}")
+                time.sleep(1.0)
+        except BaseException:
+            self.stop()
+            raise
         self.startup_seconds = time.perf_counter() - started
         return self
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server and its workers (the whole process group)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+    def _launch(self) -> None:
+        # The write end stays in this process only (os.pipe's ends are not inherited by other subprocesses); a
+        # process forked from this one without exec would hold it too and keep the server up until it ends.
+        read_end, self._lifeline = os.pipe()
+        try:
+            with open(self.log_path, "w") as log:
+                self.process = subprocess.Popen(
+                    guarded_command(self.command, read_end, self.grace), env=self.environment, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(read_end,),
+                )
+        finally:
+            os.close(read_end)
+        logger.info("vLLM server starting: process group %d (log: %s)", self.process.pid, self.log_path)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop the server and all its processes (its process group): SIGTERM, then SIGKILL to what is left after
+        `grace` seconds (default: the server's `grace`; the guard does it, and this process kills the whole group
+        itself if the guard has not exited 2 s later)."""
+        grace = self.grace if grace is None else grace
+        try:
+            if self.process is None or self.process.poll() is not None:
+                return
+            logger.info("Stopping the vLLM server on %s (process group %d) ...", self.url, self.process.pid)
+            os.kill(self.process.pid, signal.SIGTERM)  # the guard passes it to the group, SIGKILL after its grace
             try:
-                os.killpg(self.process.pid, sig)
-                self.process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                return
+                self.process.wait(grace + 2.0)
+            except subprocess.TimeoutExpired:  # a shorter grace than the guard's, or a stuck guard
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10.0)
+        except ProcessLookupError:
+            pass
+        finally:
+            self._close_lifeline()
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -139,44 +194,99 @@ class VLLMServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`textenv serve`: start a vLLM server for a model and serve until stopped (Ctrl-C); a server that
-    fails to start or exits ends the command with status 1 (its log's tail printed)."""
+    """`textenv serve`: start a vLLM server for a model and serve until stopped. Ctrl-C, SIGTERM and SIGHUP (at
+    start-up too) stop the server and all its processes and end the command with status 0; a server that fails to
+    start or exits ends it with status 1 (its log's tail printed)."""
     parser = argparse.ArgumentParser(prog="textenv serve", description="Serve a model with vLLM for textenv's --engine vllm.")
     parser.add_argument("--model", default="bundled", help="model folder, or 'bundled' (SmolLM2-135M-Instruct)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto)")
+    parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto); auto is float32 on a CPU without native bf16")
     parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: .venv-vllm/bin/python)")
     parser.add_argument("--kv_cache_gib", type=int, default=2, help="CPU backend: KV cache size in whole GiB")
+    parser.add_argument("--stop_grace", type=float, default=DEFAULT_STOP_GRACE, help="seconds between SIGTERM and SIGKILL when stopping")
     args, extra = parser.parse_known_args(argv)
     setup_logging("info")
     model = resolve_model_folder(args.model)
-    server = VLLMServer(model, args.port, args.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib)
-    logger.info(f"Starting vLLM for {model} on {server.url} (log: {server.log_path}) ...")
+    dtype = resolve_server_dtype(args.dtype)
+    server = VLLMServer(model, args.port, dtype.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib, grace=args.stop_grace)
+    logger.info(f"Starting vLLM for {model} on {server.url}, {dtype.reason} (log: {server.log_path}) ...")
+    with stop_signals_raised():
+        try:
+            return _serve(server)
+        except StopSignal as stop:
+            server.stop()
+            logger.info(f"Got {stop.signal_name}: the server and all its processes are stopped.")
+            return 0
+        finally:
+            server.stop()
+
+
+def _serve(server: VLLMServer) -> int:
     try:
         server.start()
-        logger.info(f"Ready after {server.startup_seconds:.0f} s: {server.url} (/health answers). Ctrl-C stops it.")
-        server.process.wait()
-        logger.error(f"The server exited with {server.process.returncode}; its log ends:\n{server.log_tail()}")
-        raise SystemExit(1)
     except RuntimeError as error:  # it did not start
         logger.error(str(error))
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        return 0
+    logger.info(f"Ready after {server.startup_seconds:.0f} s: {server.url} (/health answers). Ctrl-C, SIGTERM or SIGHUP stops it.")
+    server.process.wait()
+    logger.error(f"The server exited with {server.process.returncode}; its log ends:\n{server.log_tail()}")
+    raise SystemExit(1)
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM, SIGINT or SIGHUP received by `textenv serve`: ends it as Ctrl-C does."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def stop_signals_raised() -> Iterator[None]:
+    """Within the block, the first SIGTERM, SIGINT or SIGHUP raises `StopSignal` (main thread only; elsewhere
+    nothing changes). A second one then ends the process at once (the default action); the server's guard
+    still stops the server's processes. A signal this process was started ignoring (`nohup`, a background job's
+    SIGINT) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    handled = [signum for signum, handler in previous.items() if handler is not signal.SIG_IGN]
+
+    def raise_stop(signum: int, frame) -> None:
+        for other in handled:
+            signal.signal(other, signal.SIG_DFL)
+        raise StopSignal(signal.Signals(signum).name)
+
+    for signum in handled:
+        signal.signal(signum, raise_stop)
+    try:
+        yield
     finally:
-        server.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 _shared: dict[tuple[str, str], VLLMServer] = {}
 
 
-def shared_server(model: str, dtype: str = "float32") -> VLLMServer:
-    """A running server for `model` in `dtype`, started on a free port at the first call of this process and
-    stopped when the process exits (`--engine vllm` without `--vllm_server_url`)."""
-    key = (str(model), dtype)
+def shared_server(model: str, dtype: str | None = "auto") -> VLLMServer:
+    """A running server for `model`, started on a free port at the first call of this process and stopped when
+    the process exits (`--engine vllm` without `--vllm_server_url`). `dtype` is resolved for this machine
+    (`textenv.hardware.resolve_server_dtype`: `"auto"` is float32 on a CPU without native bf16).
+
+    No signal handler is installed here (this runs inside the user's own script): the server's guard stops it
+    whenever this process ends, on a default SIGTERM or SIGHUP, SIGKILL or the OOM killer too, and `atexit`
+    stops it on a normal exit."""
+    choice = resolve_server_dtype(dtype)
+    key = (str(model), choice.dtype)
     if key not in _shared or _shared[key].process.poll() is not None:
-        server = VLLMServer(model, free_port(), dtype)
-        logger.warning("Starting a vLLM server for %s on %s (start-up takes a minute or two; log: %s).", model, server.url, server.log_path)
+        server = VLLMServer(model, free_port(), choice.dtype)
+        logger.warning("Starting a vLLM server for %s on %s, %s (start-up takes a minute or two; log: %s).",
+                       model, server.url, choice.reason, server.log_path)
         server.start()
         logger.warning("vLLM server ready after %.0f s.", server.startup_seconds)
         atexit.register(server.stop)
