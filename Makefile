@@ -1,6 +1,7 @@
-# Two entry points: `make demo` runs the main job, `make test` runs the whole test suite twice, in .venv
-# (the newest transformers) and in .venv-lower (the oldest supported one); `make test-main` runs it once,
-# in .venv only, for a quicker check. All create their virtual environments on a fresh machine.
+# Two entry points: `make demo` runs the main job, `make test` runs the test suite at both ends of the supported
+# dependency ranges: the whole suite in .venv (the newest releases) and, at the same time, the tests of
+# version-dependent code (tests/scope.py) in .venv-lower (the oldest); `make test-main` runs .venv's half alone.
+# All create their virtual environments on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -19,21 +20,41 @@ LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
 
-.PHONY: demo test test-main test-lower setup clean legacy-on-trl chromium vllm vllm-optional
+.PHONY: demo test environments test-main test-lower test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
 
-# Main suite first, then the lower-bound one; make stops at the first that fails.
-test: test-main test-lower
+# The three environments are built at once, then both halves run at once (most tests leave a core idle: model
+# loads, subprocesses, servers starting); the lower half, on one torch thread, prints its log after the main
+# half's. Each half ends with its ten slowest tests; make fails if either half does.
+LOWER_LOG := $(LOWER_VENV)/test-lower.log
+
+test: environments
+	@$(MAKE) --no-print-directory test-lower >$(LOWER_LOG) 2>&1 & lower=$$!; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
+	wait $$lower; lower_status=$$?; \
+	echo "======== lower-bound half, .venv-lower (ran beside the main half; log: $(LOWER_LOG))"; cat $(LOWER_LOG); \
+	echo "======== main half: $$([ $$main = 0 ] && echo passed || echo FAILED); lower-bound half: $$([ $$lower_status = 0 ] && echo passed || echo FAILED)"; \
+	[ $$main = 0 ] && [ $$lower_status = 0 ]
+
+environments:
+	@$(MAKE) --no-print-directory chromium
+	$(MAKE) --no-print-directory -j3 $(STAMP) $(LOWER_STAMP) vllm-optional
 
 test-main: $(STAMP) vllm-optional
-	$(BIN)/python -m pytest -q --timeout=900 tests
+	$(BIN)/python -m pytest -q --timeout=900 --durations=10 tests
 
-test-lower: $(LOWER_STAMP) vllm-optional
-	TEXTENV_CACHE=$(LOWER_CACHE) $(LOWER_BIN)/python -m pytest -q --timeout=900 tests
+test-lower: $(LOWER_STAMP)
+	TEXTENV_CACHE=$(LOWER_CACHE) OMP_NUM_THREADS=1 $(LOWER_BIN)/python -m pytest -q --timeout=900 --durations=10 \
+	  --lower-bounds --basetemp=$(abspath $(LOWER_VENV))/pytest-tmp tests
 
 setup: $(STAMP)
+
+# The suite under each CPU kernel level (scalar, AVX2, AVX-512) and 1 and 2 torch threads, a table at the end:
+# see .ci/test-matrix (MATRIX_LEVELS, MATRIX_THREADS; a level this CPU lacks is reported as not run).
+test-matrix: $(STAMP) vllm-optional
+	VENV=$(VENV) .ci/test-matrix
 
 # The ported TRL 0.11.4 tests (tests/legacy) run against the real trl 0.11.4 in benchmarks/.legacy-venv
 # (created on first use), for comparison with textenv; `make test` never needs that venv.

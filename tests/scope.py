@@ -1,0 +1,43 @@
+"""Which tests the lower-bound half of `make test` runs (`pytest --lower-bounds`).
+
+`make test` runs the suite in `.venv` (the newest releases the declared ranges allow) and, at the same time, in
+`.venv-lower` (the minimum of each range: `.ci/lower-bounds.txt`). textenv depends on the internals of
+transformers (cache classes, attention interface, chat templates, GGUF loading), trl (its parser, ModelConfig,
+log-softmax helpers), accelerate (the trainers' Accelerator, DDP) and peft (adapters, merges): every module that
+reaches them runs in both halves. The modules below reach none of them, or only through code paths that
+modules of both halves already run, so the lower-bound half skips them; each says why.
+"""
+
+from __future__ import annotations
+
+END_TO_END = ("an end-to-end run through the training loop, the trainers and the engine that test_training_loop, "
+              "test_train_command and test_demo run in both halves")
+
+VERSION_INDEPENDENT = {
+    "test_calculator.py": "the calculator tool: Python arithmetic and parsing only",
+    "test_python_interpreter.py": "the sandboxed interpreter: subprocesses and the kernel's sandbox layers",
+    "test_sandbox_reads.py": "the sandbox's read confinement: the kernel's layers, no model",
+    "test_tool_faults.py": "tools that fail or hang: textenv's threads and subprocesses around a stub policy",
+    "test_wiki_search.py": "BM25 search over a local index (bm25s)",
+    "test_smolagents_tools.py": "smolagents tools (smolagents has no declared range)",
+    "test_fuzz.py": "property tests of the tag parser and of histories: string and integer logic",
+    "test_reliability.py": "fault isolation and crash-safe logs with scripted policies",
+    "test_logs.py": "logging set-up and a source scan",
+    "test_hardware.py": "CPU facts and dtype choices",
+    "test_view.py": "the `textenv view` page built from episode records",
+    "test_view_browser.py": "the `textenv view` page in Chromium",
+    "test_view_command.py": "the `textenv view` command",
+    "test_server_lifecycle.py": "server processes and signals; vLLM runs in its own environment (.venv-vllm)",
+    "test_vllm_backend.py": ("real vLLM servers, which run in .venv-vllm whatever textenv's ranges; textenv's side "
+                             "(HTTP client, weight export through peft) is in test_vllm_faults, in both halves"),
+    "test_benchmark_flops.py": "benchmark scripts: measured on the newest releases",
+    "test_benchmark_grpo.py": "benchmark scripts: measured on the newest releases (TRL 1.16's GRPOTrainer)",
+    "test_benchmark_paths.py": "benchmark scripts: measured on the newest releases",
+    "test_benchmark_vllm.py": "benchmark scripts: measured on the newest releases",
+    "test_notebooks.py": END_TO_END,
+    "test_examples.py": END_TO_END,
+    "test_example_calculator.py": END_TO_END,
+    "test_example_triviaqa.py": "the trivia example's task data and reward: Python only",
+    "test_example_word_problems.py": "the word-problem example's task data and reward: Python only",
+    "test_gym_example.py": END_TO_END,
+}
