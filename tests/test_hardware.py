@@ -40,7 +40,10 @@ def warnings_logged(monkeypatch):
 
 @pytest.fixture
 def cpu(monkeypatch):
-    """Make this process see a CPU with `facts` and no CUDA device."""
+    """Make this process see a CPU with `facts` and no CUDA device (and no kernel level forced by
+    `ATEN_CPU_CAPABILITY`, which `make test-matrix` sets and the descriptions would name)."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+
     def use(facts: CPUFacts) -> None:
         monkeypatch.setattr(hardware, "cpu_facts", lambda: facts)
         monkeypatch.setattr(hardware, "cuda_visible", lambda: False)
@@ -225,7 +228,8 @@ def test_benchmark_results_record_the_cpu(capsys):
     assert report.cpu_line([{}]) == "CPU: not recorded (results saved before the CPU was)."
 
 
-def test_the_report_prints_the_cpu_above_its_tables():
+def test_the_report_prints_the_cpu_above_its_tables(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # the expected lines name no forced level
     import argparse
     import importlib.util
 
