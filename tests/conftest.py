@@ -6,14 +6,18 @@ import os
 import pytest
 import torch
 
-from scope import VERSION_INDEPENDENT
+from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT
 from textenv.models import load_bundled_model, load_tokenizer
 from textenv.testing import tiny_causal_lm
 
 
 def pytest_addoption(parser):
     parser.addoption("--lower-bounds", action="store_true",
-                     help="only the tests of code that depends on transformers, trl, accelerate or peft (tests/scope.py)")
+                     help="make test's lower-bound half: the tests of code that depends on transformers, trl, accelerate or "
+                          "peft, and the version-independent modules make test runs in this half only (tests/scope.py)")
+    parser.addoption("--main-half", action="store_true",
+                     help="make test's main half: every test but the version-independent modules the lower-bound half "
+                          "runs for it (tests/scope.py)")
 
 
 def pytest_configure(config):
@@ -45,15 +49,23 @@ def _keep_torch_threads():
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--lower-bounds") and config.getoption("--main-half"):
+        raise pytest.UsageError("--lower-bounds and --main-half select the two halves of make test: pass one of them.")
     if config.getoption("--lower-bounds"):
-        skipped = [item for item in items if item.path.name in VERSION_INDEPENDENT]
-        items[:] = [item for item in items if item.path.name not in VERSION_INDEPENDENT]
-        config.hook.pytest_deselected(items=skipped)
+        _deselect(config, items, lambda name: name in VERSION_INDEPENDENT and name not in LOWER_HALF_ONLY)
+    if config.getoption("--main-half"):
+        _deselect(config, items, lambda name: name in LOWER_HALF_ONLY)
     if not torch.cuda.is_available():
         skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip_cuda)
+
+
+def _deselect(config, items, module_is_left_out) -> None:
+    left_out = [item for item in items if module_is_left_out(item.path.name)]
+    items[:] = [item for item in items if not module_is_left_out(item.path.name)]
+    config.hook.pytest_deselected(items=left_out)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,15 @@
-"""Which tests the lower-bound half of `make test` runs (`pytest --lower-bounds`).
+"""Which tests each half of `make test` runs (`pytest --main-half` in `.venv`, `pytest --lower-bounds` in
+`.venv-lower`, at the same time).
 
 `make test` runs the suite in `.venv` (the newest releases the declared ranges allow) and, at the same time, in
 `.venv-lower` (the minimum of each range: `.ci/lower-bounds.txt`). textenv depends on the internals of
 transformers (cache classes, attention interface, chat templates, GGUF loading), trl (its parser, ModelConfig,
 log-softmax helpers), accelerate (the trainers' Accelerator, DDP) and peft (adapters, merges): every module that
 reaches them runs in both halves. The modules below reach none of them, or only through code paths that
-modules of both halves already run, so the lower-bound half skips them; each says why.
+modules of both halves already run; each says why. A version-independent module needs to run once: most run in
+the main half, and those in `LOWER_HALF_ONLY` run in the lower-bound half instead, so that the two halves,
+which run side by side, take about as long (the main half alone runs ~1250 tests, the version-dependent ones
+~850). `make test-main` (plain `pytest`) runs every module.
 """
 
 from __future__ import annotations
@@ -40,4 +44,14 @@ VERSION_INDEPENDENT = {
     "test_example_triviaqa.py": "the trivia example's task data and reward: Python only",
     "test_example_word_problems.py": "the word-problem example's task data and reward: Python only",
     "test_gym_example.py": END_TO_END,
+}
+
+# Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
+# pure Python or the kernel's sandbox layers, and end-to-end runs of paths both halves test. Not the benchmark
+# modules (they compare with the newest TRL) nor the real vLLM servers (vLLM serves the main half's model cache).
+LOWER_HALF_ONLY = {
+    "test_calculator.py", "test_python_interpreter.py", "test_sandbox_reads.py", "test_tool_faults.py", "test_wiki_search.py",
+    "test_smolagents_tools.py", "test_fuzz.py", "test_reliability.py", "test_logs.py", "test_view.py", "test_view_browser.py",
+    "test_view_command.py", "test_notebooks.py", "test_examples.py", "test_example_calculator.py", "test_example_triviaqa.py",
+    "test_example_word_problems.py", "test_gym_example.py",
 }
