@@ -47,11 +47,12 @@ VERSION_INDEPENDENT = {
 }
 
 # Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
-# pure Python or the kernel's sandbox layers, and end-to-end runs of paths both halves test. Not the benchmark
-# modules (they compare with the newest TRL) nor the real vLLM servers (vLLM serves the main half's model cache).
+# pure Python, the kernel's sandbox layers, server processes and signals, and end-to-end runs of paths both halves
+# test. Not the benchmark modules (they compare with the newest TRL) nor test_vllm_backend (its greedy comparisons
+# with the in-process engine are the main half's).
 LOWER_HALF_ONLY = {
     "test_calculator.py", "test_python_interpreter.py", "test_sandbox_reads.py", "test_tool_faults.py", "test_wiki_search.py",
     "test_smolagents_tools.py", "test_fuzz.py", "test_reliability.py", "test_logs.py", "test_view.py", "test_view_browser.py",
     "test_view_command.py", "test_notebooks.py", "test_examples.py", "test_example_calculator.py", "test_example_triviaqa.py",
-    "test_example_word_problems.py", "test_gym_example.py",
+    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py",
 }
