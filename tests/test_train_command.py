@@ -36,6 +36,38 @@ def test_lora_flags_go_through_trl_get_peft_config():
     assert get_peft_config(parse([]).model) is None
 
 
+def adapted_layers(model) -> set[int]:
+    return {int(name.split(".layers.")[1].split(".")[0]) for name, _ in model.named_parameters() if "lora_" in name}
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_lora_layers_puts_trls_adapters_on_the_top_layers(algorithm):
+    argv = [*TINY, "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", "--algorithm", algorithm, "--num_generations", "2"]
+    top_two, _ = build(parse([*argv, "--lora_layers", "2"]))
+    everywhere, _ = build(parse(argv))
+    layers = top_two.accelerator.unwrap_model(top_two.model)
+    num_layers = (layers.pretrained_model if algorithm == "ppo" else layers).config.num_hidden_layers
+    assert adapted_layers(top_two.model) == {num_layers - 2, num_layers - 1}
+    assert adapted_layers(everywhere.model) == set(range(num_layers))  # 0, the default: every layer, as TRL
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lora_layers", "8"], "add --use_peft"),
+        (["--use_peft", "--lora_layers", "-1"], "--lora_layers must be >= 0"),
+    ],
+)
+def test_lora_layers_without_adapters_or_below_zero_is_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse(argv)
+
+
+def test_lora_layers_cannot_narrow_a_regex_target():
+    with pytest.raises(ValueError, match="cannot narrow the regex"):
+        build(parse([*TINY, "--use_peft", "--lora_target_modules", r".*\\.q_proj", "--lora_layers", "1"]))
+
+
 def test_report_to_sets_the_tracker_and_its_folder(tmp_path):
     ppo_config = parse(["--report_to", "tensorboard", "--output_dir", str(tmp_path)]).ppo
     assert ppo_config.log_with == "tensorboard" and ppo_config.project_kwargs["logging_dir"] == str(tmp_path / "runs")

@@ -185,6 +185,7 @@ def test_tag_tool_calls_with_their_responses_and_errors():
     ]
     assert step_summary([episode_record(hand_history(), 0, "train")]) == {
         "reward_mean": 1.0, "accuracy": 1.0, "episodes": 1, "tool_calls": 3, "tool_errors": 2, "tool_calls_by_name": {"Calculator": 2, "Search": 1},
+        "tool_calls_cut": 0,
     }
 
 

@@ -42,7 +42,9 @@ class EpisodeArguments:
     device: str = field(default="cpu", metadata={"help": "torch device of the policy (cpu, cuda, ...)"})
     max_turns: int = field(default=3, metadata={"help": "model turns per episode (0: no limit)"})
     max_new_tokens: Optional[int] = field(
-        default=None, metadata={"help": "tokens per model turn (default: 24 with tag tool calls, 48 with JSON ones)"}
+        default=None,
+        metadata={"help": "tokens per model turn (default: 24 with tag tool calls, 48 with JSON ones; a Gym episode whose env offers JSON "
+                          "tools, --environment_factory's among them, gets at least what its longest tool call needs)"},
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts; 0 decodes greedily"})
     generation_batch_size: int = field(default=50, metadata={"help": "episodes generated together"})
@@ -71,6 +73,8 @@ class EpisodeArguments:
             raise ValueError(f"--mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        # Whether --max_new_tokens was given: without it, Gym episodes with JSON tools get what their calls need.
+        self.max_new_tokens_given = self.max_new_tokens is not None
         if self.max_new_tokens is None:
             self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[self.tool_format]
         if self.engine not in ENGINES:
@@ -163,6 +167,7 @@ class GymArguments:
             max_length=self.max_length,
             external_plugins=self.external_plugins,
             tool_parser=episode.tool_parser,
+            fit_tool_calls=not episode.max_new_tokens_given,
             **self.trl_arguments(),
             **episode.engine_options(model),
         )

@@ -36,8 +36,22 @@ class ChatTools:
         self.parse = get_tool_call_parser(tool_parser)
         self.conformance: Conformance = check_conformance(self.renderer.with_tools(_SAMPLE_SCHEMAS))
         self._renderers: dict[str, ChatRenderer] = {}
+        self._budgets: dict[str, int] = {}
         if not self.conformance.append_only:
             warnings.warn(f"The chat template is {self.conformance.summary()}.", stacklevel=3)
+
+    def turn_budget(self, schemas: list[dict]) -> int:
+        """Tokens a model turn needs to call any of `schemas`' tools: the longest call as the template writes it,
+        each argument a `PLACEHOLDER_CHARS`-character string, plus `TEXT_BEFORE_CALL` tokens of text before it;
+        at least the JSON default of `textenv.options`. One number per distinct list, reused."""
+        key = json.dumps(schemas, sort_keys=True, default=str)
+        if key not in self._budgets:
+            renderer = self.renderer_for(schemas)
+            question = [{"role": "user", "content": "?"}]
+            asked = len(renderer.encode(renderer.render(question, add_generation_prompt=True)))
+            longest = max((len(renderer.encode(renderer.render([*question, _placeholder_call(schema)]))) - asked for schema in schemas), default=0)
+            self._budgets[key] = max(JSON_TURN_BUDGET, longest + TEXT_BEFORE_CALL)
+        return self._budgets[key]
 
     def renderer_for(self, schemas: list[dict]) -> ChatRenderer:
         """A renderer that describes `schemas` (one per distinct list, reused)."""
@@ -45,6 +59,20 @@ class ChatTools:
         if key not in self._renderers:
             self._renderers[key] = self.renderer.with_tools(schemas)
         return self._renderers[key]
+
+
+JSON_TURN_BUDGET = 48  # textenv.options.DEFAULT_MAX_NEW_TOKENS["json"]: a calculator call is about 34 tokens
+TEXT_BEFORE_CALL = 24
+PLACEHOLDER_CHARS = 24
+
+
+def _placeholder_call(schema: dict) -> dict:
+    """An assistant message calling `schema`'s function with every parameter set to a placeholder string."""
+    function = schema.get("function", schema)
+    parameters = (function.get("parameters") or {}).get("properties") or {}
+    arguments = {name: "x" * PLACEHOLDER_CHARS for name in parameters}
+    call = {"type": "function", "function": {"name": function.get("name", "tool"), "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 _SAMPLE_SCHEMAS = [

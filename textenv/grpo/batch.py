@@ -1,5 +1,6 @@
 """The tensors of a GRPO step, laid out as TRL lays them out: prompts left-padded, responses right-padded, so
-the response positions of every row line up in the last `T` columns; and the model's log-probabilities there."""
+the response positions of every row line up in the last `T` columns; and the model's log-probabilities there,
+from the padded rows or, where the model allows, from the rows packed with their shared prompt run once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Sequence
 
 import torch
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+from textenv.ppo import packing
 
 
 @dataclass
@@ -62,15 +65,41 @@ def pad_group_batch(
     return GroupBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask).to(device)
 
 
-def response_logprobs(model, batch: GroupBatch, temperature: float = 1.0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_logprobs(
+    model, batch: GroupBatch, temperature: float = 1.0, with_entropy: bool = False, packed_config=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's log-probabilities of the response tokens (`[B, T]`) and, with `with_entropy`, the entropy of
     its distribution at each response position (`[B, T]`, no gradient).
 
     Positions count real tokens only (a left-padded row starts at position 0, as when it was generated).
     Logits are divided by `temperature`, the sampling temperature, as TRL does.
+
+    Args:
+        packed_config: the model's transformers config when it can run packed (`packing.supports_packing`): the
+            rows then run as one sequence of real tokens, the prompt prefix they all share once (forward and
+            backward), and the LM head only on the response positions; the results equal the padded rows' to
+            float rounding, and are 0 on padding. `None`: the padded rows, as TRL runs them.
     """
-    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [B, Q + T]
     attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    layout = packing.plan_packing(input_ids, attention_mask) if packed_config is not None else None
+    if layout is None:
+        return _padded_logprobs(model, batch, input_ids, attention_mask, temperature, with_entropy)
+    rows, offsets = batch.completion_mask.nonzero(as_tuple=True)  # [K] each: the real response tokens
+    predicting = layout.token_index[rows, batch.prompt_ids.shape[1] + offsets - 1]  # packed index of the position before
+    with packing.packed_attention(packed_config):
+        output = model(input_ids=layout.input_ids, position_ids=layout.position_ids, logits_to_keep=predicting, packed_rows=layout)
+    logits = output.logits[0] / temperature  # [K, V]
+    kept = selective_log_softmax(logits[None], batch.completion_ids[rows, offsets][None])[0]  # one row: one logsumexp
+    logprobs = _place(kept, rows, offsets, batch)
+    entropies = None
+    if with_entropy:
+        with torch.no_grad():
+            entropies = _place(entropy_from_logits(logits), rows, offsets, batch)
+    return logprobs, entropies
+
+
+def _padded_logprobs(model, batch: GroupBatch, input_ids, attention_mask, temperature: float, with_entropy: bool):
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     completion_length = batch.completion_ids.shape[1]
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=completion_length + 1)
@@ -81,3 +110,9 @@ def response_logprobs(model, batch: GroupBatch, temperature: float = 1.0, with_e
         with torch.no_grad():
             entropies = entropy_from_logits(logits)
     return logprobs, entropies
+
+
+def _place(kept: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, batch: GroupBatch) -> torch.Tensor:
+    """`[K]` values of the real response tokens -> `[B, T]`, zero on padding (differentiable in `kept`)."""
+    placed = torch.zeros(batch.completion_ids.shape, dtype=kept.dtype, device=kept.device)
+    return placed.index_put((rows, offsets), kept)

@@ -94,7 +94,11 @@ class GRPOConfig(GRPOArguments):
     (TRL's default schedule decays it linearly; pass an `lr_scheduler` to `GRPOTrainer` for that), and
     gradients are clipped to `max_grad_norm`. `gradient_accumulation_steps`: mini-batches per optimizer step
     (default `None`: all of a batch's). `temperature`: the episodes' sampling temperature; the log-probabilities
-    are computed from the logits divided by it, as in TRL.
+    are computed from the logits divided by it, as in TRL. `share_prompt_prefix` (textenv only, default True): a
+    mini-batch's rows run packed into one sequence of real tokens, without padding, and the prompt prefix they
+    share (a group's prompt; the few-shot opening of every group) runs through the model once, forward and
+    backward, with the LM head on the response positions only (same losses and gradients to float rounding;
+    see `textenv.ppo.packing`); False runs the padded rows, as TRL does.
 
     Raises:
         ValueError: a GRPO setting is out of range, `batch_size` is not a multiple of `num_generations`, or
@@ -116,6 +120,7 @@ class GRPOConfig(GRPOArguments):
     gradient_checkpointing: bool = False
     gradient_accumulation_steps: Optional[int] = None
     temperature: float = 1.0
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         self.check_grpo_arguments()
@@ -163,7 +168,8 @@ class GRPOConfig(GRPOArguments):
         config's `max_grad_norm` when it sets one, else to GRPO's default 1.0 (legacy PPO's default is no
         clipping). `temperature`: the episodes' sampling temperature (0, greedy, counts as 1)."""
         shared = ("exp_name", "seed", "learning_rate", "batch_size", "mini_batch_size", "steps", "log_with",
-                  "tracker_kwargs", "accelerator_kwargs", "project_kwargs", "gradient_checkpointing", "tracker_project_name")
+                  "tracker_kwargs", "accelerator_kwargs", "project_kwargs", "gradient_checkpointing", "tracker_project_name",
+                  "share_prompt_prefix")
         values = {name: getattr(ppo_config, name) for name in shared}
         if ppo_config.max_grad_norm is not None:
             values["max_grad_norm"] = ppo_config.max_grad_norm

@@ -27,6 +27,7 @@ from textenv.grpo import core
 from textenv.grpo.batch import GroupBatch, pad_group_batch, response_logprobs
 from textenv.grpo.config import GRPOConfig
 from textenv.padding import pad_token_id
+from textenv.ppo import packing
 from textenv.ppo.checkpoint import TrainerSaving
 from textenv.ppo.core import upcast_half
 from textenv.ppo.reference_model import create_reference_model
@@ -76,6 +77,7 @@ class GRPOTrainer(TrainerSaving):
         if self.ref_model is not None:
             self.ref_model = self.ref_model.to(self.accelerator.device)
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
+        self.packed_config = packed_config(self.accelerator.unwrap_model(self.model), config.share_prompt_prefix)
         self.current_device = self.accelerator.device
         self.current_step = 0
         if config.log_with is not None:
@@ -151,11 +153,18 @@ class GRPOTrainer(TrainerSaving):
         chunks = []
         with torch.no_grad(), self.accelerator.autocast():
             for start in range(0, len(rows), self.config.mini_batch_size):
-                logprobs, _ = response_logprobs(model, batch.select(rows[start : start + self.config.mini_batch_size]), self.config.temperature)
+                part = batch.select(rows[start : start + self.config.mini_batch_size])
+                logprobs, _ = response_logprobs(model, part, self.config.temperature, packed_config=self._packed_config_of(model))
                 chunks.append(upcast_half(logprobs))  # bf16/fp16 -> float32; a float64 model stays float64
         model.train(was_training)
         timings[name] = time.perf_counter() - started
         return torch.cat(chunks)
+
+    def _packed_config_of(self, model) -> object | None:
+        """The config to pack ``model``'s rows with: the policy's, or a separate reference's own."""
+        if model is self.model:
+            return self.packed_config
+        return packed_config(model, self.config.share_prompt_prefix)
 
     def _reference_logprobs(self, batch: GroupBatch, timings: dict) -> torch.Tensor:
         if self.ref_model is not None:
@@ -192,7 +201,7 @@ class GRPOTrainer(TrainerSaving):
 
     def _mini_batch_loss(self, mini_batch: GroupBatch, rows, advantages, old_logprobs, ref_logprobs, totals: dict, **aggregation) -> torch.Tensor:
         config = self.config
-        logprobs, entropies = response_logprobs(self.model, mini_batch, config.temperature, with_entropy=True)
+        logprobs, entropies = response_logprobs(self.model, mini_batch, config.temperature, with_entropy=True, packed_config=self.packed_config)
         old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
         per_token_loss, ratio = core.clipped_token_loss(logprobs, old, advantages[rows], config.epsilon_low, config.upper_epsilon)
         mask = mini_batch.loss_mask
@@ -242,6 +251,15 @@ class GRPOTrainer(TrainerSaving):
             "tokens/responses_len_mean": batch.completion_mask.sum(1).float().mean().item(),
             "tokens/trained": trained / config.num_iterations,
         }
+
+
+def packed_config(model: nn.Module, share_prompt_prefix: bool):
+    """The transformers config of ``model``'s causal LM when its rows may run packed (`textenv.ppo.packing`),
+    else `None`. A PEFT model runs packed through its base model's attention layers."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not share_prompt_prefix or not packing.supports_packing(base):
+        return None
+    return base.config
 
 
 def _check_constructor_args(config, model) -> None:

@@ -41,6 +41,8 @@ class GymEpisode:
         turn_finish_reasons (`list[str]`): how each model turn ended (`"eos"`, `"stop"`, `"length"`).
         turn_logprobs (`list`): for each model turn, the engine's log-probability of each generated token
             (a list of floats), or `None` when the engine reported none (the in-process engine).
+        tool_calls_cut (`int`): model turns that reached `max_new_tokens` inside a tool call (the call could not
+            be read, and the env was told so).
         closed (`bool`): the env's `close()` ran (or no env was created).
         step (`int`): the training step it was generated for.
         prompt (`str`): the rendered conversation before the final reply (as `completions.jsonl` logs it).
@@ -60,6 +62,7 @@ class GymEpisode:
     errors: List[Dict[str, Any]] = field(default_factory=list)
     turn_finish_reasons: List[str] = field(default_factory=list)
     turn_logprobs: List[Optional[List[float]]] = field(default_factory=list)
+    tool_calls_cut: int = 0
     closed: bool = True
     step: int = 0
     prompt: str = ""

@@ -11,11 +11,13 @@ the env's `final_reward` (if any) before `close`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
 from textenv.chat.transcript import Transcript
+from textenv.engine.stopping import FINISH_LENGTH
 from textenv.episodes.driver import FINISH_ERROR, MAX_TURNS, Episode, EpisodeFailure, StopRule, Timeouts
 from textenv.gym.env import ContextManager, Env
 from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
@@ -23,6 +25,8 @@ from textenv.gym.registry import resolve_context_manager, resolve_env
 from textenv.gym.rows import make_request
 from textenv.gym.validation import check_final_reward, check_managed_messages, check_reset_result, check_step_result
 from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS
+
+logger = logging.getLogger(__name__)
 
 
 class GymPlay(Episode):
@@ -66,6 +70,7 @@ class GymPlay(Episode):
         observation, info, system = self._checked("reset", lambda: check_reset_result(reset, type(self.env).__name__))
         self.result.trajectory_infos.append(info)
         renderer, parser = self._checked("reset", self._tool_chat)
+        self._fit_turn_budget()
         opening = self._opening(observation, system, renderer)
         self.transcript = self._checked("reset", lambda: Transcript(renderer, opening, tool_parser=parser))
         self.stop_strings = tuple(dict.fromkeys([*self.scheduler.stop_strings, *getattr(self.env, "stop_strings", ())]))
@@ -93,6 +98,32 @@ class GymPlay(Episode):
             opening.append({**message, "content": text})
         return opening
 
+    def _fit_turn_budget(self) -> None:
+        """Give an episode with JSON tools the tokens its longest call needs (see `GymScheduler.fit_tool_calls`)."""
+        schemas = getattr(self.env, "tool_schemas", None)
+        chosen = self.generation_kwargs.get("max_new_tokens")
+        if not schemas or (chosen is not None and not self.scheduler.fit_tool_calls):
+            return
+        needed = self.scheduler.chat_tools().turn_budget(list(schemas))
+        if chosen is None or chosen < needed:
+            self.generation_kwargs = {**self.generation_kwargs, "max_new_tokens": needed}
+
+    def _count_cut_tool_call(self, completion) -> None:
+        """A turn that reached `max_new_tokens` with a call the parser could not read: counted, reported once."""
+        calls = self.transcript.messages[-1].get("tool_calls") or []
+        if completion.finish_reason != FINISH_LENGTH or not any(call.get("error") for call in calls):
+            return
+        self.result.tool_calls_cut += 1
+        self.scheduler.stats.tool_calls_cut += 1
+        if not self.scheduler.warned_cut_tool_call:
+            self.scheduler.warned_cut_tool_call = True
+            budget = self.generation_kwargs.get("max_new_tokens")
+            logger.warning(
+                f"A model turn reached max_new_tokens={budget} inside a tool call: the call could not be read and the env was "
+                "told so. Raise --max_new_tokens (generation_kwargs['max_new_tokens']) to fit the tool calls, or leave it out "
+                "so that each episode gets what its tools need. Such turns are counted (tool_calls_cut); this is said once."
+            )
+
     def _tool_chat(self) -> tuple:
         """`(renderer, tool_parser)`: the env's `tool_schemas` (JSON tool calls) described through the chat
         template and its calls parsed, or the plain renderer and no parser."""
@@ -117,6 +148,7 @@ class GymPlay(Episode):
         self.result.turn_finish_reasons.append(completion.finish_reason)
         self.result.turn_logprobs.append(completion.logprobs.tolist() if completion.logprobs is not None else None)
         self._checked("generate", lambda: self.transcript.add_reply(completion, self.prompt), self.turns)
+        self._count_cut_tool_call(completion)
         outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages), self.turns)
         observation, reward, done, info = self._checked("step", lambda: check_step_result(outcome, type(self.env).__name__), self.turns)
         self.result.step_rewards.append(reward)
@@ -194,7 +226,7 @@ class GymPlay(Episode):
 
 def completion_record(episode: GymEpisode) -> Dict[str, Any]:
     """The `completions.jsonl` line of an episode; `final_reward` only when the env gave one, `turn_logprobs`
-    only when the engine reported some."""
+    only when the engine reported some, `tool_calls_cut` only when a turn was cut inside a tool call."""
     record = {
         "step": episode.step,
         "prompt": episode.prompt,
@@ -215,4 +247,6 @@ def completion_record(episode: GymEpisode) -> Dict[str, Any]:
         record["final_reward"] = episode.final_reward
     if any(logprobs is not None for logprobs in episode.turn_logprobs):
         record["turn_logprobs"] = episode.turn_logprobs
+    if episode.tool_calls_cut:
+        record["tool_calls_cut"] = episode.tool_calls_cut
     return record

@@ -49,6 +49,7 @@ class RunStats:
     batch_sizes: Optional[List[int]] = None
     tool_calls: int = 0
     tool_errors: int = 0
+    tool_calls_cut: int = 0
 
     def count_tool_calls(self, step_info: Dict[str, Any]) -> None:
         """Add a step's JSON tool calls (`info["tool_calls"]`, a list of records) and its errors."""
@@ -85,6 +86,12 @@ class GymScheduler:
         external_plugins (`str` or `list`, *optional*): plugin files to load (see `load_plugins`).
         mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"`: decode under `torch.autocast` in that dtype
             (opt-in, see [`GenerationEngine`]); `None` (default): the model's dtype.
+        fit_tool_calls (`bool`, defaults to `False`): raise the per-turn budget of each episode whose env offers JSON
+            tools to what its longest tool call needs (`ChatTools.turn_budget`: the call as the template writes it
+            plus some text) when `generation_kwargs`' `max_new_tokens` is lower; without a `max_new_tokens` there,
+            those episodes get that budget anyway. `textenv rollout` and `textenv train` set it unless
+            `--max_new_tokens` is given. A turn cut by the budget inside a tool call is counted
+            (`stats.tool_calls_cut`, the episode's `tool_calls_cut`) and reported once, with the fix.
         tool_parser (`str` or `Callable`, *optional*): for envs with `tool_schemas` (JSON tool calls), the
             call format: `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or a parser; default: the template's.
         chat_template (`str`, *optional*): for those envs, a template instead of the tokenizer's (default:
@@ -134,6 +141,7 @@ class GymScheduler:
         environment_factory: Union[Callable[[], Any], Mapping[str, Callable[[], Any]], None] = None,
         tools: Optional[Sequence[Callable]] = None,
         reward_funcs: Union[Callable, Sequence[Callable], None] = None,
+        fit_tool_calls: bool = False,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -148,6 +156,8 @@ class GymScheduler:
         self.max_turns = max_turns or None
         self.loss_scale = check_loss_scale(loss_scale)
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
+        self.fit_tool_calls = fit_tool_calls
+        self.warned_cut_tool_call = False
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
         self.step_timeout = step_timeout

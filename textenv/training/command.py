@@ -8,7 +8,7 @@ tracker, hub), TRL's `ModelConfig` (the model, its dtype and the LoRA flags, tur
 `get_peft_config`) and `CommandArguments` (logging). ``--config run.yaml`` reads any of them from a file;
 command-line values override the file. Every option takes both spellings, ``--max_turns`` and ``--max-turns``.
 
-    textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --steps 320 --batch_size 16
+    textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --lora_layers 8 --steps 320 --batch_size 16
     textenv train --task gym --dataset rows.jsonl --gym_env tool_env --report_to tensorboard --save_steps 5
     textenv train --task gym --dataset rows.jsonl --environment_factory my_env.py:MyEnv --reward_funcs my_env.py:reward
     textenv train --config run.yaml --learning_rate 1e-5
@@ -43,6 +43,11 @@ class RunArguments:
     )
     output_dir: str = field(
         default="outputs/train", metadata={"help": "checkpoints, logs, episodes.jsonl and steps.jsonl (textenv view), completions.jsonl and the final model"}
+    )
+    lora_layers: int = field(
+        default=0,
+        metadata={"help": "with --use_peft: the adapters on the top N decoder layers only (peft's layers_to_transform); 0: every "
+                          "layer, as TRL. The demo and the examples use 8 (of the bundled model's 30)"},
     )
     save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N PPO steps (0: only the final model)"})
     resume_from_checkpoint: Optional[str] = field(
@@ -95,6 +100,10 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
         options.ppo.project_kwargs = {**options.ppo.project_kwargs, "logging_dir": str(Path(run.output_dir) / "runs")}
     if options.episode.mixed_precision:
         options.ppo.accelerator_kwargs = {**options.ppo.accelerator_kwargs, "mixed_precision": options.episode.mixed_precision}
+    if run.lora_layers and not options.model.use_peft:
+        raise ValueError(f"--lora_layers {run.lora_layers} places LoRA adapters: add --use_peft (or --lora), or leave --lora_layers out.")
+    if run.lora_layers < 0:
+        raise ValueError(f"--lora_layers must be >= 0 (0: every layer), got {run.lora_layers}.")
     if options.algorithm.algorithm == "grpo" and options.ppo.batch_size % options.algorithm.num_generations:
         raise ValueError(
             f"--batch_size ({options.ppo.batch_size}) must be a multiple of --num_generations ({options.algorithm.num_generations}) "
@@ -116,6 +125,7 @@ def build(options: TrainOptions):
         device=options.episode.device,
         value_head=not grpo,
         peft_config=get_peft_config(options.model),
+        lora_layers=options.run.lora_layers,
         dtype=options.model.dtype,
         seed=options.ppo.seed,
     )
@@ -185,7 +195,8 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
         "steps": ppo_config.total_ppo_epochs,
         "batch_size": ppo_config.batch_size,
         "learning_rate": ppo_config.learning_rate,
-        "adapters": f"LoRA r={model_config.lora_r}" if model_config.use_peft else "none (all weights)",
+        "adapters": (f"LoRA r={model_config.lora_r}" + (f" on the top {run.lora_layers} layers" if run.lora_layers else "")
+                     if model_config.use_peft else "none (all weights)"),
         "rewards": [round(reward, 3) for reward in rewards[-5:]],
         "options": {
             "run": {key: value for key, value in asdict(run).items() if key != "hub_token"},

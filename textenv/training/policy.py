@@ -3,6 +3,7 @@ optional value head, LoRA adapters and value-head initialisation."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 TINY_MODEL = "tiny"
@@ -23,17 +24,25 @@ def lora_config(rank: int, layers: int, num_hidden_layers: int):
     """
     from peft import LoraConfig
 
-    layers_to_transform = None
-    if 0 < layers < num_hidden_layers:
-        layers_to_transform = list(range(num_hidden_layers - layers, num_hidden_layers))
     return LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
         lora_dropout=0.0,
         target_modules=list(LORA_TARGET_MODULES),
-        layers_to_transform=layers_to_transform,
+        layers_to_transform=top_layers(layers, num_hidden_layers),
         task_type="CAUSAL_LM",
     )
+
+
+def top_layers(layers: int, num_hidden_layers: int) -> list[int] | None:
+    """The indices of the top `layers` decoder layers, or `None` (all layers) for 0 or at least all of them.
+
+    Raises:
+        ValueError: a negative `layers`.
+    """
+    if layers < 0:
+        raise ValueError(f"lora_layers must be >= 0 (0: every layer), got {layers}.")
+    return list(range(num_hidden_layers - layers, num_hidden_layers)) if 0 < layers < num_hidden_layers else None
 
 
 def load_policy(
@@ -66,7 +75,8 @@ def load_policy(
             bias 0; 0 keeps PyTorch's default initialisation.
         seed (`int`, defaults to 0): the weights of the tiny model.
         peft_config (`peft.PeftConfig`, *optional*): adapters to train, given whole (e.g. from TRL's
-            `get_peft_config`); replaces `lora_rank` / `lora_layers`.
+            `get_peft_config`); replaces `lora_rank`. A `lora_layers` given with it puts its adapters on the top
+            `lora_layers` layers (its ``layers_to_transform``), as `textenv train --use_peft --lora_layers N` does.
         dtype (`str` or `torch.dtype`, *optional*): the weights' dtype (`"bfloat16"`, `"float32"`, `"auto"`);
             `None`: the checkpoint's default (float32 for the bundled model). textenv never picks bfloat16 itself
             (`textenv train`'s `--dtype` defaults to float32); bfloat16 weights on a CPU that emulates bf16 are
@@ -86,9 +96,17 @@ def load_policy(
     else:
         source = resolve_model_path(model)
         tokenizer = load_tokenizer(source)
-    if peft_config is None and lora_rank:
+    if (peft_config is None and lora_rank) or (peft_config is not None and lora_layers):
         config = AutoConfig.from_pretrained(source) if isinstance(source, str) else source.config
-        peft_config = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
+        if peft_config is None:
+            peft_config = lora_config(lora_rank, lora_layers, config.num_hidden_layers)
+        else:
+            target = getattr(peft_config, "target_modules", None)
+            if isinstance(target, str) and target != "all-linear":
+                raise ValueError(f"lora_layers ({lora_layers}) cannot narrow the regex target_modules {target!r} (peft applies a regex "
+                                 "as it is): name the layers in the regex, or give module names (e.g. q_proj v_proj).")
+            peft_config = copy.copy(peft_config)
+            peft_config.layers_to_transform = top_layers(lora_layers, config.num_hidden_layers)
     if not value_head:
         policy = AutoModelForCausalLM.from_pretrained(source, **load_options) if isinstance(source, str) else source
         if peft_config is not None:

@@ -5,7 +5,7 @@ A run directory holds
 - `episodes.jsonl`: one line per episode (see `textenv.view.episodes`): every episode a PPO step trained on
   (phase ``"train"``) and the evaluation episodes recorded with `record_episodes`;
 - `steps.jsonl`: one line per PPO step: `step`, `reward_mean`, `accuracy`, `kl`, `kl_coef`, `episodes`,
-  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `episode_seconds`, `ppo_seconds`, `time` (unix).
+  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `episode_seconds`, `ppo_seconds`, `time` (unix).
 
 Every line is written by `CompletionsLog`: one `os.write` on an `O_APPEND` descriptor, so a crash leaves
 whole lines only (a torn last line is skipped by `read_completions`). Each line also has `run`, an id of
@@ -40,7 +40,8 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
         records (`Sequence[dict]`): the step's episode records (as `episode_record` makes them).
 
     Returns:
-        ``{"reward_mean", "accuracy", "episodes", "tool_calls", "tool_errors", "tool_calls_by_name"}``
+        ``{"reward_mean", "accuracy", "episodes", "tool_calls", "tool_errors", "tool_calls_by_name", "tool_calls_cut"}``
+        (`tool_calls_cut`: model turns that reached `max_new_tokens` inside a tool call)
         (`reward_mean` and `accuracy` are `None` without a scored episode).
     """
     rewards = [record["reward"] for record in records if record.get("reward") is not None]
@@ -52,6 +53,7 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
         "tool_calls": len(calls),
         "tool_errors": sum(bool(call.get("error")) for call in calls),
         "tool_calls_by_name": dict(Counter(call.get("name") or "" for call in calls)),
+        "tool_calls_cut": sum(int(record.get("tool_calls_cut") or 0) for record in records),
     }
 
 
