@@ -223,8 +223,34 @@ def test_reward_funcs_get_trl_arguments_and_are_summed(tokenizer):
     ((prompts, completions, kwargs),) = seen
     assert prompts == [episode.messages[:2]] and completions == [episode.messages[2:]]
     assert completions[0][1]["content"] == "HI"
-    assert set(kwargs) == {"start", "level", "environments"} and kwargs["start"] == [2] and kwargs["level"] == ["easy"]
+    assert set(kwargs) == {"start", "level", "environments", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+    assert kwargs["start"] == [2] and kwargs["level"] == ["easy"]
     assert isinstance(kwargs["environments"][0], EchoEnv) and kwargs["environments"][0].said == ["hi"]
+    (completion_ids,) = kwargs["completion_ids"]  # every token from the first reply on: model, tool and template tokens
+    assert tokenizer.decode(completion_ids).startswith(call("echo", text="hi")) and "HI" in tokenizer.decode(completion_ids)
+    assert tokenizer.decode(completion_ids).rstrip().endswith("Bye.<|im_end|>")
+    assert kwargs["trainer_state"].global_step == 0
+
+
+def test_reward_functions_run_before_get_reward_and_their_logs_are_kept(tokenizer, tmp_path):
+    """TRL 1.16 appends `get_reward` to the reward functions: a `get_reward` that reads what a reward function set
+    sees it (tests/test_trl_reward_order.py checks this order against TRL's own `_calculate_rewards`)."""
+
+    class Judged(CounterEnv):
+        def get_reward(self) -> float:
+            return 10.0 * getattr(self, "judged", 0.0)
+
+    def judge(completions, environments, log_extra, log_metric, **kwargs):
+        environments[0].judged = 1.0
+        log_extra("verdict", ["fine"])
+        log_metric("judged", 1.0)
+        return [0.5]
+
+    sched = scheduler(tokenizer, ["Done."], environment_factory=Judged, reward_funcs=[judge])
+    (episode,) = sched.run([ROW], completions_path=tmp_path / "completions.jsonl")
+    assert episode.final_reward == 10.5
+    assert episode.trajectory_infos[-1] == {"log_extra": {"verdict": "fine"}, "log_metric": {"judged": 1.0}}
+    assert read_completions(tmp_path / "completions.jsonl")[0]["trajectory_infos"][-1]["log_extra"] == {"verdict": "fine"}
 
 
 class EchoToolEnv:

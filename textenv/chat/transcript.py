@@ -159,6 +159,13 @@ class Transcript:
             return generated[-1:]
         return generated
 
+    def completion_ids(self) -> List[int]:
+        """The token ids from the model's first generated token on (its turns, tool results and template text
+        between them): TRL's ``completion_ids``. Empty before the first reply."""
+        segments = [segment for entry in self.entries for segment in entry.segments]
+        first = next((index for index, segment in enumerate(segments) if segment.generated), len(segments))
+        return [int(token) for segment in segments[first:] for token in segment.tokens.tolist()]
+
     def to_history(self, loss_scale: str, keep_trailing: bool = False) -> Optional[TextHistory]:
         """The episode as a `TextHistory`: the first segment is everything before the first trained token,
         then the rest up to the last trained token (to the end with `keep_trailing`, the closing text of

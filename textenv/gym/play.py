@@ -11,6 +11,7 @@ the env's `final_reward` (if any) before `close`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -176,8 +177,12 @@ class GymPlay(Episode):
         final_reward = getattr(self.env, "final_reward", None)
         if final_reward is None:
             return
-        value = await self._env_call("final_reward", lambda: final_reward(self.transcript.messages))
+        extra = {name: value for name, value in (("completion_ids", self.transcript.completion_ids()), ("step", self.result.step))
+                 if name in inspect.signature(final_reward).parameters}
+        value = await self._env_call("final_reward", lambda: final_reward(self.transcript.messages, **extra))
         value = self._checked("final_reward", lambda: check_final_reward(value, type(self.env).__name__))
+        if getattr(self.env, "reward_info", None):  # what TRL reward functions logged (log_extra, log_metric)
+            self.result.trajectory_infos.append(dict(self.env.reward_info))
         if value is not None:
             self.result.final_reward = value
             self.result.total_reward += value

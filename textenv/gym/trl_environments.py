@@ -11,8 +11,9 @@ finished rollout. `TrlEnvironment` wraps one instance per episode as a Gym `Env`
 - each reply's JSON tool calls (parsed by the chat template's tool parser) call the bound methods and the
   standalone `tools`; a result comes back as ``{"role": "tool", "name", "content": str(result)}`` (plus the
   call's `tool_call_id`), a failing call or unknown tool as ``str({"error": str(e)})``, as TRL does;
-- a reply without a tool call ends the episode; `final_reward` then calls `get_reward()` once (if the class
-  defines it) and each reward function once, and their sum is the episode's final reward.
+- a reply without a tool call ends the episode; `final_reward` then calls each reward function once and then
+  `get_reward()` once (if the class defines it), TRL 1.16's order and arguments, and their sum is the episode's
+  final reward.
 
 Sync code of an environment (its construction, `reset`, tools, `get_reward`) runs on one thread of its own
 per episode, so episodes go on concurrently and each instance sees a single thread, as in TRL; async tools
@@ -204,6 +205,7 @@ class TrlEnvironment(Env):
         self.row = dict(row) if row is not None else None
         self.multi_environment = multi_environment
         self.instance: Any = None
+        self.reward_info: Dict[str, Any] = {}
         self.opening: Messages = []
         self.functions: Dict[str, Callable] = {}
         self._thread = _EnvironmentThread()
@@ -231,22 +233,42 @@ class TrlEnvironment(Env):
             messages.append({"role": "tool", "tool_call_id": record.id, "name": record.name, "content": record.result})
         return messages, 0.0, False, {"tool_calls": records}
 
-    async def final_reward(self, messages: Messages) -> float:
-        """`get_reward()` (if the class defines it) plus each reward function's value for this episode, called
-        with ``prompts=[opening]``, ``completions=[the messages after it]``, the row's other columns as
-        one-element lists and ``environments=[instance]`` (a `None` value counts 0, as TRL ignores it)."""
+    async def final_reward(self, messages: Messages, completion_ids: Optional[List[int]] = None, step: int = 0) -> float:
+        """The episode's reward as TRL 1.16's `GRPOTrainer` computes it: each reward function, then `get_reward()`
+        (TRL appends it to the reward functions when the class defines it), summed with weight 1 (a `None`
+        counts 0, as TRL ignores it).
+
+        Each reward function is called as TRL calls it, for a batch of this one episode: ``prompts=[opening]``,
+        ``completions=[the messages after it]``, ``completion_ids=[the token ids after the opening]``, the row's
+        other columns as one-element lists, ``trainer_state`` (a `transformers.TrainerState` at `step`),
+        ``log_extra(column, values)`` and ``log_metric(name, value)`` (kept in `reward_info`, which the episode's
+        last trajectory info and `completions.jsonl` carry) and ``environments=[instance]``.
+        """
+        from transformers import TrainerState
+
         total = 0.0
-        if defines(self.instance, "get_reward"):
-            total += _as_reward(await self._call(self.instance.get_reward), "get_reward")
         if self.reward_funcs:
             prompt, completion = messages[: len(self.opening)], messages[len(self.opening) :]
             columns = {key: [value] for key, value in self.row.items() if key not in NOT_REWARD_COLUMNS}
+            arguments = dict(prompts=[prompt], completions=[completion], completion_ids=[list(completion_ids or [])], **columns,
+                             trainer_state=TrainerState(global_step=step), log_extra=self._log_extra, log_metric=self._log_metric,
+                             environments=[self.instance])
             for function in self.reward_funcs:
-                values = await self._call(function, prompts=[prompt], completions=[completion], **columns, environments=[self.instance])
+                values = await self._call(function, **arguments)
                 if not isinstance(values, (list, tuple)) or len(values) != 1:
                     raise ValueError(f"reward function {getattr(function, '__name__', function)!r} returned {values!r}; expected a list with one reward per completion (here one).")
                 total += _as_reward(values[0], getattr(function, "__name__", "reward function"))
+        if defines(self.instance, "get_reward"):
+            total += _as_reward(await self._call(self.instance.get_reward), "get_reward")
         return total
+
+    def _log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """TRL's ``log_extra``: a column of the completions table, one value per completion (here one)."""
+        self.reward_info.setdefault("log_extra", {})[column] = list(values)[0] if len(values) == 1 else list(values)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: a scalar a reward function reports."""
+        self.reward_info.setdefault("log_metric", {})[name] = value
 
     async def close(self) -> None:
         self._thread.stop()
