@@ -177,8 +177,10 @@ class GymPlay(Episode):
         final_reward = getattr(self.env, "final_reward", None)
         if final_reward is None:
             return
-        extra = {name: value for name, value in (("completion_ids", self.transcript.completion_ids()), ("step", self.result.step))
-                 if name in inspect.signature(final_reward).parameters}
+        accepted = inspect.signature(final_reward).parameters
+        extra = {"step": self.result.step} if "step" in accepted else {}
+        if "completion_ids" in accepted:  # only TRL environments ask for the ids: build them only then
+            extra["completion_ids"] = self.transcript.completion_ids()
         value = await self._env_call("final_reward", lambda: final_reward(self.transcript.messages, **extra))
         value = self._checked("final_reward", lambda: check_final_reward(value, type(self.env).__name__))
         if getattr(self.env, "reward_info", None):  # what TRL reward functions logged (log_extra, log_metric)
