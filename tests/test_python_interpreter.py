@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sandbox_probe import own_sandbox_parent, sandbox_processes
 from textenv.tools import TOOL_ERROR_PREFIX, PythonInterpreter
 from textenv.tools.python_interpreter import strip_code_fence
 
@@ -30,20 +31,6 @@ def _alive(pid: int) -> bool:
     except (OSError, StopIteration):
         return False
     return " Z " not in state and "zombie" not in state
-
-
-def _sandbox_processes() -> list[int]:
-    """Live processes (as seen from here) whose environment names a sandbox working directory: every
-    process a sandboxed run starts inherits it, and inside a PID namespace their own pids mean nothing here."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if b"textenv-sandbox-" in environ.read() and _alive(int(entry)):
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def _children_of_this_process() -> list[int]:
@@ -192,13 +179,14 @@ def test_fork_loop_is_refused_by_default(interpreter):
 def test_fork_loop_is_bounded_and_no_child_survives_the_call():
     interpreter = PythonInterpreter(timeout=5, max_processes=16, max_output_chars=20_000, allow_subprocesses=True)
     children_before = _children_of_this_process()
-    started = time.monotonic()
-    raw = interpreter.run(FORK_LOOP)
-    elapsed = time.monotonic() - started
+    with own_sandbox_parent() as parent:
+        started = time.monotonic()
+        raw = interpreter.run(FORK_LOOP)
+        elapsed = time.monotonic() - started
+        assert sandbox_processes(parent) == [], "sandbox children outlived the call"
     forked = [int(pid) for pid in re.findall(r"child (\d+)", raw.stdout)]
     assert forked, raw.stdout + raw.stderr
     assert elapsed < 5
-    assert _sandbox_processes() == [], "sandbox children outlived the call"
     assert _children_of_this_process() == children_before
     if os.geteuid() == 0 and not isinstance(raw.layers.get("uid"), int):
         pytest.skip("running as root without the uid switch: RLIMIT_NPROC is not enforced here")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import textenv
+from sandbox_probe import own_sandbox_parent, sandbox_processes
 from textenv.tools import PythonInterpreter
 from textenv.tools.sandbox.bootstrap import TEST_DISABLE_VARIABLE
 
@@ -90,22 +91,6 @@ def _attempts_code(files: dict, parent_pid: int | None) -> str:
     return f"TARGETS = {json.dumps(targets)}\n{ATTEMPTS}"
 
 
-def _sandbox_processes() -> list[int]:
-    """Live processes whose environment names a sandbox working directory (all a run starts inherit it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                leftover = b"textenv-sandbox-" in environ.read()
-            with open(f"/proc/{entry}/stat") as stat:
-                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except (OSError, ValueError, IndexError):
-            continue
-        if leftover and not zombie:
-            found.append(int(entry))
-    return found
-
-
 def _assert_all_refused(results: dict, token: str, raw: str) -> None:
     assert token not in raw
     read = {name: outcome for name, outcome in results.items() if not outcome.startswith("refused")}
@@ -165,8 +150,9 @@ def test_site_packages_can_be_allowed_explicitly():
 
 def test_a_setsid_double_fork_child_is_gone_after_the_call():
     interpreter = PythonInterpreter(timeout=10, allow_subprocesses=True)
-    assert interpreter(SETSID_DOUBLE_FORK) == "forked\n"
-    assert _sandbox_processes() == []
+    with own_sandbox_parent() as parent:
+        assert interpreter(SETSID_DOUBLE_FORK) == "forked\n"
+        assert sandbox_processes(parent) == []
 
 
 def test_with_subprocesses_allowed_only_readable_programs_start():
@@ -310,21 +296,13 @@ def ordinary_user_runs():
             completed = _run_as(user, [sys.executable, "-c", ORDINARY_USER_SCRIPT, code, SETSID_DOUBLE_FORK], env)
             assert completed.returncode == 0, completed.stderr[-3000:]
             runs[name] = json.loads(completed.stdout.strip().splitlines()[-1])
-            runs[name]["survivors"] = [pid for pid in _sandbox_processes() if str(tmpdir).encode() in _environ(pid)]
+            runs[name]["survivors"] = sandbox_processes(tmpdir)
             for pid in runs[name]["survivors"]:
                 os.kill(pid, signal.SIGKILL)
         yield token, runs
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
         home_secret.unlink(missing_ok=True)
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as environ:
-            return environ.read()
-    except OSError:
-        return b""
 
 
 def test_as_an_ordinary_user_the_venv_interpreter_runs_with_every_layer(ordinary_user_runs):
