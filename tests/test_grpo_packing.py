@@ -28,33 +28,41 @@ VOCAB = 512
 PREFIX = 40  # a few-shot opening every row shares (longer than packing.MIN_SHARED_PREFIX)
 
 
-def shared_prompt_episodes(groups: int = 2, generations: int = 3, seed: int = 0):
-    """``groups * generations`` episodes: one opening for all, a question per group, responses of 3-9 tokens
-    with a tool span masked out, rewards that differ within each group."""
+def shared_prompt_episodes(groups: int = 2, generations: int = 3, seed: int = 0, question: int = 0, shared_reply: int = 0):
+    """``groups * generations`` episodes: one opening for all, a question per group (4-5 tokens, or ``question``),
+    responses of 3-9 tokens (after ``shared_reply`` tokens the group's responses all start with) with a tool span
+    masked out, rewards that differ within each group."""
     generator = torch.Generator().manual_seed(seed)
     opening = torch.randint(0, VOCAB, (PREFIX,), generator=generator)
     queries, responses, masks, scores = [], [], [], []
     for group in range(groups):
-        question = torch.randint(0, VOCAB, (4 + group,), generator=generator)
+        question_ids = torch.randint(0, VOCAB, (question or 4 + group,), generator=generator)
+        reply_start = torch.randint(0, VOCAB, (shared_reply,), generator=generator)
         for generation in range(generations):
             length = 3 + (3 * group + 2 * generation) % 7
-            response = torch.randint(0, VOCAB, (length,), generator=generator)
-            mask = torch.ones(length, dtype=torch.long)
-            mask[1 : length // 2] = 0  # a tool's answer inside the response
-            queries.append(torch.cat([opening, question]))
+            response = torch.cat([reply_start, torch.randint(0, VOCAB, (length,), generator=generator)])
+            mask = torch.ones(len(response), dtype=torch.long)
+            mask[1 : len(response) // 2] = 0  # a tool's answer inside the response
+            queries.append(torch.cat([opening, question_ids]))
             responses.append(response)
             masks.append(mask)
             scores.append(torch.tensor(float(generation)))
     return queries, responses, masks, scores
 
 
+# Rows that share only the opening, and rows whose groups also share a long question and the start of their
+# replies (a prefix tree: the opening, then each group's question and reply start, then each row's own rest).
+SHAPES = {"opening": {}, "group_tree": {"question": 20, "shared_reply": 18}}
+
+
 def float64_tiny(seed: int = 0):
     return float64_model(tiny_causal_lm(vocab_size=VOCAB, seed=seed))
 
 
-def test_packed_rows_give_the_padded_rows_logprobs_entropies_and_gradients():
+@pytest.mark.parametrize("shape", SHAPES)
+def test_packed_rows_give_the_padded_rows_logprobs_entropies_and_gradients(shape):
     model = float64_tiny()
-    queries, responses, masks, _ = shared_prompt_episodes()
+    queries, responses, masks, _ = shared_prompt_episodes(**SHAPES[shape])
     batch = pad_group_batch(queries, responses, masks, pad_token_id=0, device="cpu")
     results = {}
     for name, config in (("padded", None), ("packed", packed_config(model, True))):
@@ -95,9 +103,21 @@ def test_the_shared_prefix_runs_once():
     assert packed == real_tokens - (len(queries) - 1) * PREFIX  # the opening once; each question once per row
 
 
+def test_a_groups_question_and_reply_start_run_once():
+    model = tiny_causal_lm(vocab_size=VOCAB, seed=0)
+    groups, generations, question, shared_reply = 2, 3, 20, 18
+    queries, responses, masks, _ = shared_prompt_episodes(groups, generations, question=question, shared_reply=shared_reply)
+    batch = pad_group_batch(queries, responses, masks, pad_token_id=0, device="cpu")
+    packed = tokens_through_the_model(model, lambda: response_logprobs(model, batch, packed_config=model.config))
+    real_tokens = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
+    repeats_left_out = (len(queries) - 1) * PREFIX + (len(queries) - groups) * (question + shared_reply)
+    assert packed == real_tokens - repeats_left_out  # the opening once, each group's question and reply start once
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("options", [{}, {"num_iterations": 2, "beta": 0.1}], ids=["on-policy", "off-policy+kl"])
-def test_a_packed_step_trains_the_weights_a_padded_step_trains(options):
-    queries, responses, masks, scores = shared_prompt_episodes()
+def test_a_packed_step_trains_the_weights_a_padded_step_trains(options, shape):
+    queries, responses, masks, scores = shared_prompt_episodes(**SHAPES[shape])
     learning_rate, steps = 0.05, 2
     trained = {}
     for share in (True, False):

@@ -188,6 +188,25 @@ def test_packing_short_common_start_and_identical_rows():
     assert layout.prefix_len == 29 and layout.rest_bounds == [(29, 30), (30, 31)]
 
 
+@pytest.mark.parametrize("left", [False, True])
+def test_packing_lays_out_a_prefix_tree(left):
+    opening, branch_a, branch_b = torch.arange(100, 120), torch.arange(200, 220), torch.arange(300, 320)
+    rows = [torch.cat([opening, branch_a, torch.tensor([1, 2])]), torch.cat([opening, branch_b, torch.tensor([3])]),
+            torch.cat([opening, branch_a, torch.tensor([4, 5, 6])]), torch.cat([opening, torch.arange(400, 405)]),
+            torch.cat([opening, branch_b, torch.tensor([7, 8])])]
+    input_ids, attention_mask = padded(rows, left=left)
+    layout = packing.plan_packing(input_ids, attention_mask)
+    assert layout.prefix_len == 60  # the opening, then branch a and branch b once each
+    assert layout.input_ids.shape[1] == 60 + 2 + 1 + 3 + 5 + 2
+    shared, rests = layout.segments[:3], layout.segments[3:]
+    assert [(segment.start, segment.end, segment.context) for segment in shared] == [(0, 20, ()), (20, 40, ((0, 20),)), (40, 60, ((0, 20),))]
+    assert [segment.context for segment in rests] == [((0, 40),), ((0, 20), (40, 60)), ((0, 40),), ((0, 20),), ((0, 20), (40, 60))]
+    for row, tokens in enumerate(rows):
+        index = layout.token_index[row, torch.nonzero(attention_mask[row])[:, 0]]
+        assert torch.equal(layout.input_ids[0, index], tokens)
+        assert torch.equal(layout.position_ids[0, index], torch.arange(len(tokens)))
+
+
 def test_packing_declined_for_a_mask_with_holes():
     input_ids, attention_mask = padded([torch.arange(10, 20), torch.arange(30, 40)])
     attention_mask[0, 4] = 0
@@ -204,14 +223,20 @@ def test_supports_packing_per_attention_implementation():
     assert not packing.supports_packing(model)
 
 
+BRANCH = torch.arange(130, 148)  # the first two queries go on sharing these after PROMPT: a prefix tree
+TREE_ROWS = [torch.cat([PROMPT, BRANCH, torch.tensor([7, 8]), RESPONSES[0]]), torch.cat([PROMPT, BRANCH, RESPONSES[1]]),
+             torch.cat([QUERIES[2], RESPONSES[2]])]
+
+
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_packed_forward_equals_padded_forward(attn_implementation, share_prefix, float64_eager_softmax):
+@pytest.mark.parametrize("tree", [False, True], ids=["common-prefix", "prefix-tree"])
+def test_packed_forward_equals_padded_forward(attn_implementation, share_prefix, tree, float64_eager_softmax):
     model = float64_model(make_model(attn_implementation=attn_implementation)).eval()  # no value-head dropout
-    rows = [torch.cat([q, r]) for q, r in zip(QUERIES, RESPONSES)]
+    rows = TREE_ROWS if tree else [torch.cat([q, r]) for q, r in zip(QUERIES, RESPONSES)]
     input_ids, attention_mask = padded(rows)
     layout = packing.plan_packing(input_ids, attention_mask, share_prefix=share_prefix)
-    assert (layout.prefix_len > 0) == share_prefix
+    assert layout.prefix_len == (share_prefix and (48 if tree else 30))
     with torch.no_grad():
         logits, _, values = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=slice(0, None))
         with packing.packed_attention(model.causal_lm.config):

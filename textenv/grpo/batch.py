@@ -76,7 +76,7 @@ def response_logprobs(
 
     Args:
         packed_config: the model's transformers config when it can run packed (`packing.supports_packing`): the
-            rows then run as one sequence of real tokens, the prompt prefix they all share once (forward and
+            rows then run as one sequence of real tokens, each prefix several rows share once (forward and
             backward), and the LM head only on the response positions; the results equal the padded rows' to
             float rounding, and are 0 on padding. `None`: the padded rows, as TRL runs them.
     """
@@ -87,9 +87,10 @@ def response_logprobs(
         return _padded_logprobs(model, batch, input_ids, attention_mask, temperature, with_entropy)
     rows, offsets = batch.completion_mask.nonzero(as_tuple=True)  # [K] each: the real response tokens
     predicting = layout.token_index[rows, batch.prompt_ids.shape[1] + offsets - 1]  # packed index of the position before
+    computed, copies = predicting.unique(return_inverse=True)  # rows of a group may share a reply's first tokens
     with packing.packed_attention(packed_config):
-        output = model(input_ids=layout.input_ids, position_ids=layout.position_ids, logits_to_keep=predicting, packed_rows=layout)
-    logits = output.logits[0] / temperature  # [K, V]
+        output = model(input_ids=layout.input_ids, position_ids=layout.position_ids, logits_to_keep=computed, packed_rows=layout)
+    logits = output.logits[0][copies] / temperature  # [K, V]
     kept = selective_log_softmax(logits[None], batch.completion_ids[rows, offsets][None])[0]  # one row: one logsumexp
     logprobs = _place(kept, rows, offsets, batch)
     entropies = None

@@ -95,8 +95,9 @@ class GRPOConfig(GRPOArguments):
     gradients are clipped to `max_grad_norm`. `gradient_accumulation_steps`: mini-batches per optimizer step
     (default `None`: all of a batch's). `temperature`: the episodes' sampling temperature; the log-probabilities
     are computed from the logits divided by it, as in TRL. `share_prompt_prefix` (textenv only, default True): a
-    mini-batch's rows run packed into one sequence of real tokens, without padding, and the prompt prefix they
-    share (a group's prompt; the few-shot opening of every group) runs through the model once, forward and
+    mini-batch's rows run packed into one sequence of real tokens, without padding, and every prefix several rows
+    share (the few-shot opening of every group; a group's whole prompt and its replies' common first tokens) runs
+    through the model once, forward and
     backward, with the LM head on the response positions only (same losses and gradients to float rounding;
     see `textenv.ppo.packing`); False runs the padded rows, as TRL does.
 

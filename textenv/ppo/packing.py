@@ -1,11 +1,14 @@
-"""Run the rows of a PPO mini-batch as one packed sequence: real tokens only, a shared prompt prefix once.
+"""Run the rows of a mini-batch as one packed sequence: real tokens only, every prompt prefix rows share once.
 
-A padded batch spends compute on padding, and the episodes of one TextEnvironment batch usually start with
-the same few-shot prompt. Packed, the rows are laid out as ``[prefix, rest_0, rest_1, ...]`` in one sequence
-of real tokens (the prefix is the prompt all rows share, or empty), every token keeps its position in its own
-row, and attention runs per segment: the prefix causally on itself, each rest on the prefix and causally on
-itself. Every token then gets exactly the inputs it has in the padded batch (same hidden states to float
-rounding) while no padding and no repeated prompt runs through the model, forward or backward.
+A padded batch spends compute on padding, and the episodes of a batch share openings: a TextEnvironment batch
+starts every row with the same few-shot prompt, and the episodes of a GRPO group share their whole task (and
+often the first tokens of their replies). Packed, the rows' token sequences become a prefix tree: each run of
+tokens that several rows share (at least ``MIN_SHARED_PREFIX`` long) is one *shared segment*, the rest of each
+row its own segment, all laid out in one sequence of real tokens ``[shared_0, shared_1, ..., rest_0, rest_1, ...]``.
+Every token keeps its position in its own row, and attention runs per segment: a segment's tokens attend to all
+tokens of the segments it continues (its ancestors in the tree) and causally to its own. Every token then gets
+exactly the inputs it has in the padded batch (same hidden states to float rounding) while no padding and no
+repeated prefix runs through the model, forward or backward.
 
 The per-segment attention is an attention implementation registered with transformers
 (`PACKED_ATTENTION`); `packed_attention(config)` switches a model to it for the duration of a forward and
@@ -23,7 +26,17 @@ import torch
 import torch.nn.functional as F
 
 PACKED_ATTENTION = "textenv_packed"
-MIN_SHARED_PREFIX = 16  # tokens; a shorter common prompt is not worth its own segment
+MIN_SHARED_PREFIX = 16  # tokens; a shorter shared run is not worth its own segment
+
+
+@dataclass
+class Segment:
+    """A run of packed tokens ``[start, end)`` that attends to the packed spans in ``context`` (the tokens of the
+    segments it continues, root first, adjacent spans merged) and causally to itself."""
+
+    start: int
+    end: int
+    context: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -31,10 +44,10 @@ class PackedRows:
     """The packed layout of a batch of ``B`` rows of width ``L``.
 
     Attributes:
-        input_ids: `[1, N]` the shared prefix, then the rest of each row (real tokens only).
+        input_ids: `[1, N]` the shared segments, then the rest of each row (real tokens only).
         position_ids: `[1, N]` each token's position in its own row.
-        prefix_len: tokens of the shared prefix (0: none).
-        rest_bounds: ``(start, end)`` packed span of each row's rest, ``B`` pairs.
+        segments: every segment in packed order (their spans tile ``[0, N)``).
+        rest_bounds: ``(start, end)`` packed span of each row's own rest, ``B`` pairs.
         token_index: `[B, L]` packed index of every padded-batch position (padding points at a real token of
             its row; its outputs are masked downstream).
         real_tokens: `[B, L]` True on real tokens.
@@ -42,10 +55,15 @@ class PackedRows:
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    prefix_len: int
+    segments: list[Segment]
     rest_bounds: list[tuple[int, int]]
     token_index: torch.Tensor
     real_tokens: torch.Tensor
+
+    @property
+    def prefix_len(self) -> int:
+        """Packed tokens in shared segments (0: every row runs whole)."""
+        return self.rest_bounds[0][0] if self.rest_bounds else 0
 
 
 def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, share_prefix: bool = True) -> PackedRows | None:
@@ -54,8 +72,8 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, share_pr
     Args:
         input_ids: `[B, L]` padded token ids.
         attention_mask: `[B, L]` 1 on real tokens, one contiguous run per row.
-        share_prefix: put the prompt prefix all rows share (at least ``MIN_SHARED_PREFIX`` tokens) in one
-            segment that every row attends to.
+        share_prefix: run every prefix that several rows share (at least ``MIN_SHARED_PREFIX`` tokens) once,
+            as a segment those rows attend to; ``False``: every row whole.
     """
     batch, width = input_ids.shape
     device = input_ids.device
@@ -65,28 +83,84 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, share_pr
     real_tokens = (columns >= first[:, None]) & (columns < (first + lengths)[:, None])  # [B, L]
     if not torch.equal(real_tokens, attention_mask.bool()) or int(lengths.min()) == 0:
         return None
-    positions = (columns - first[:, None]).clamp(min=0)  # [B, L] position within the row
-    prefix_len = _shared_prefix_len(input_ids, first, int(lengths.min())) if share_prefix and batch > 1 else 0
-    rest_lengths = lengths - prefix_len  # [B]
-    rest_starts = prefix_len + torch.cumsum(rest_lengths, dim=0) - rest_lengths  # [B]
-    clamped = torch.minimum(positions, (lengths - 1)[:, None])  # padding -> the row's last real token
-    token_index = torch.where(clamped < prefix_len, clamped, rest_starts[:, None] + clamped - prefix_len)  # [B, L]
-    rests = real_tokens & (positions >= prefix_len)
-    prefix_columns = first[0] + torch.arange(prefix_len, device=device)
-    packed_ids = torch.cat([input_ids[0, prefix_columns], input_ids[rests]])
-    packed_positions = torch.cat([torch.arange(prefix_len, device=device), positions[rests]])
-    rest_bounds = [(int(start), int(start + length)) for start, length in zip(rest_starts, rest_lengths)]
-    return PackedRows(packed_ids[None], packed_positions[None], prefix_len, rest_bounds, token_index, real_tokens)
+    rows = [input_ids[row, real_tokens[row]].tolist() for row in range(batch)]
+    tree = _PrefixTree(rows)
+    if share_prefix and batch > 1:
+        tree.split(list(range(batch)), start=0, depth=0, parent=-1)
+    else:
+        tree.rests = [(0, -1)] * batch
+    return tree.layout(first, real_tokens, device)
 
 
-def _shared_prefix_len(input_ids: torch.Tensor, first: torch.Tensor, limit: int) -> int:
-    columns = first[:, None] + torch.arange(limit, device=input_ids.device)[None, :]  # [B, limit]
-    heads = input_ids.gather(1, columns)
-    same = (heads == heads[:1]).all(dim=0)  # [limit]
-    length = limit if bool(same.all()) else int((~same).int().argmax())
-    # A row must keep at least one token of its own, and a short common start is not worth a segment.
-    length = min(length, limit - 1)
-    return length if length >= MIN_SHARED_PREFIX else 0
+class _PrefixTree:
+    """The shared segments of a batch's rows (a radix tree of their token sequences) and where each row's own
+    rest begins; ``layout`` lays them out."""
+
+    def __init__(self, rows: list[list[int]]):
+        self.rows = rows
+        self.shared: list[tuple[int, int, int, int]] = []  # (row depth start, end, parent segment, a row holding it)
+        self.rests: list[tuple[int, int] | None] = [None] * len(rows)  # (row depth start, parent segment) per row
+
+    def split(self, members: list[int], start: int, depth: int, parent: int) -> None:
+        """Place ``members``, rows equal on ``[0, depth)``, whose tokens from ``start`` are in no segment yet."""
+        if len(members) == 1:
+            self.rests[members[0]] = (start, parent)
+            return
+        reference = self.rows[members[0]]
+        limit = min(len(self.rows[row]) for row in members) - 1  # every row keeps a token of its own
+        end = depth
+        while end < limit and all(self.rows[row][end] == reference[end] for row in members):
+            end += 1
+        if end - start >= MIN_SHARED_PREFIX:
+            self.shared.append((start, end, parent, members[0]))
+            start, parent = end, len(self.shared) - 1
+        branches: dict[int, list[int]] = {}
+        for row in members:
+            branches.setdefault(self.rows[row][end], []).append(row)
+        if len(branches) == 1:  # equal up to the shortest row's last token
+            for row in members:
+                self.rests[row] = (start, parent)
+            return
+        for branch in branches.values():
+            self.split(branch, start, end, parent)
+
+    def layout(self, first: torch.Tensor, real_tokens: torch.Tensor, device: torch.device) -> PackedRows:
+        pieces: list[tuple[list[int], int, int]] = []  # (row, depth start, depth end) of each segment, packed order
+        pieces += [(self.rows[holder], begin, end) for begin, end, _, holder in self.shared]
+        pieces += [(row, begin, len(row)) for row, (begin, _) in zip(self.rows, self.rests)]
+        starts = [0]
+        for _, begin, end in pieces:
+            starts.append(starts[-1] + end - begin)
+        parents = [parent for *_, parent, _ in self.shared] + [parent for _, parent in self.rests]
+        segments = [Segment(starts[i], starts[i + 1], self._context(parents[i], parents, starts)) for i in range(len(pieces))]
+        input_ids = torch.tensor([token for row, begin, end in pieces for token in row[begin:end]], device=device)
+        position_ids = torch.cat([torch.arange(begin, end, device=device) for _, begin, end in pieces])
+        shared_count = len(self.shared)
+        token_index = torch.zeros(real_tokens.shape, dtype=torch.long, device=device)
+        for row, tokens in enumerate(self.rows):
+            packed = torch.cat([torch.arange(segments[i].start, segments[i].end, device=device) for i in self._chain(shared_count + row, parents)])
+            clamped = (torch.arange(real_tokens.shape[1], device=device) - first[row]).clamp(0, len(tokens) - 1)
+            token_index[row] = packed[clamped]  # padding -> the row's nearest real token
+        rest_bounds = [(segment.start, segment.end) for segment in segments[shared_count:]]
+        return PackedRows(input_ids[None], position_ids[None], segments, rest_bounds, token_index, real_tokens)
+
+    def _chain(self, segment: int, parents: list[int]) -> list[int]:
+        """``segment`` and its ancestors, root first."""
+        chain = [segment]
+        while parents[chain[-1]] >= 0:
+            chain.append(parents[chain[-1]])
+        return chain[::-1]
+
+    def _context(self, parent: int, parents: list[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
+        """The packed spans of segment ``parent`` and its ancestors, root first, adjacent ones merged."""
+        spans: list[tuple[int, int]] = []
+        for ancestor in self._chain(parent, parents) if parent >= 0 else []:
+            begin, end = starts[ancestor], starts[ancestor + 1]
+            if spans and spans[-1][1] == begin:
+                spans[-1] = (spans[-1][0], end)
+            else:
+                spans.append((begin, end))
+        return tuple(spans)
 
 
 def supports_packing(model) -> bool:
@@ -139,21 +213,18 @@ def segment_attention(
     """
     if packed_rows is None:
         raise RuntimeError(f"attention implementation {PACKED_ATTENTION!r} needs the packed_rows keyword argument")
-    prefix_len = packed_rows.prefix_len
     settings = {"dropout_p": dropout, "scale": scaling, "enable_gqa": key.shape[1] != query.shape[1]}
     outputs = []
-    if prefix_len:
-        prefix = slice(0, prefix_len)
-        outputs.append(F.scaled_dot_product_attention(query[:, :, prefix], key[:, :, prefix], value[:, :, prefix], is_causal=True, **settings))
-    for start, end in packed_rows.rest_bounds:
-        rest = slice(start, end)
-        if not prefix_len:
-            outputs.append(F.scaled_dot_product_attention(query[:, :, rest], key[:, :, rest], value[:, :, rest], is_causal=True, **settings))
+    for segment in packed_rows.segments:
+        own = slice(segment.start, segment.end)
+        if not segment.context:
+            outputs.append(F.scaled_dot_product_attention(query[:, :, own], key[:, :, own], value[:, :, own], is_causal=True, **settings))
             continue
-        keys = torch.cat([key[:, :, :prefix_len], key[:, :, rest]], dim=2)
-        values = torch.cat([value[:, :, :prefix_len], value[:, :, rest]], dim=2)
-        visible = _prefix_causal_mask(end - start, prefix_len, query.device)
-        outputs.append(F.scaled_dot_product_attention(query[:, :, rest], keys, values, attn_mask=visible, **settings))
+        spans = [slice(begin, end) for begin, end in segment.context] + [own]
+        keys = torch.cat([key[:, :, span] for span in spans], dim=2)
+        values = torch.cat([value[:, :, span] for span in spans], dim=2)
+        visible = _prefix_causal_mask(segment.end - segment.start, keys.shape[2] - (segment.end - segment.start), query.device)
+        outputs.append(F.scaled_dot_product_attention(query[:, :, own], keys, values, attn_mask=visible, **settings))
     return torch.cat(outputs, dim=2).transpose(1, 2), None
 
 

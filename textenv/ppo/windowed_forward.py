@@ -1,7 +1,7 @@
 """The fast forward passes of a PPO step, used when nothing a user can observe depends on full-width logits.
 
 Legacy TRL ran every padded row in full and kept `[B, L, V]` logits. Here the rows of a mini-batch run as one
-packed sequence of real tokens with a shared prompt prefix once (`packing`), one pass gives policy
+packed sequence of real tokens with every shared prefix once (`packing`), one pass gives policy
 log-probabilities and values, the LM head runs only on the response positions, and log-probabilities are
 gathered without a full log-softmax. The results equal ``PPOTrainer.batched_forward_pass``'s on every response
 position; outside the responses the log-probabilities are 0 (see the README's porting notes). `PPOTrainer.step`
@@ -73,13 +73,13 @@ class WindowedForwardMixin:
         """
         num_positions = batch.num_positions
         if layout is not None:
+            computed, copies = layout.token_index[rows, positions].unique(return_inverse=True)  # rows may share a response start
             with self.accelerator.autocast():
                 logits, _, values = model(
-                    input_ids=layout.input_ids, position_ids=layout.position_ids,
-                    logits_to_keep=layout.token_index[rows, positions], packed_rows=layout,
+                    input_ids=layout.input_ids, position_ids=layout.position_ids, logits_to_keep=computed, packed_rows=layout,
                 )
             values = core.upcast_half(values)[0, layout.token_index[:, :num_positions]] * layout.real_tokens[:, :num_positions]
-            return logits[0], values
+            return logits[0][copies], values
         col0, col1 = int(batch.first_token.min()), int(batch.last_token.max())
         window = slice(int(positions.min()) - col0, int(positions.max()) + 1 - col0)
         with self.accelerator.autocast():
