@@ -40,9 +40,15 @@ Settings, the same on both sides (`settings_mapping` builds both sides' argument
                               tool results masked                               results), mask_truncated_completions=False
     precision, device         fp32 on CPU                                       use_cpu=True, bf16=False, fp16=False
     rows                      GymSource cycles the training rows in order       shuffle_dataset=False (the same order)
-    other                     no gradient checkpointing, no LoRA, seed=0        activation_checkpointing=False (TRL's
-                                                                                default is on), no LoRA, seed=0,
+    other                     no gradient checkpointing, seed=0                 activation_checkpointing=False (TRL's
+                                                                                default is on), seed=0,
                                                                                 report_to="none", save_strategy="no"
+    LoRA (lora_layers set)    the policy wrapped by peft.get_peft_model with    peft_config= the same LoraConfig
+                              textenv.training.policy.lora_config(rank, layers) (r, alpha 2r, dropout 0, attention and
+                                                                                MLP projections of the top layers)
+
+A third side, `textenv-padded`, is textenv with `GRPOConfig(share_prompt_prefix=False)`: every row's whole prompt
+padded, as before prefix sharing (the code this comparison measures the packed step against).
 
 Measured: wall and CPU time of every training step (the time between the ends of consecutive steps, the first from
 the start of training: textenv's call of `train(...)`, TRL's `on_train_begin` callback inside `trainer.train()`; each
@@ -84,7 +90,12 @@ DEFAULTS = {
     "max_turns": 3,
     "seed": 0,
     "sampled_eval": False,
+    "shots": 2,  # solved examples in every prompt (grpo_task.EXAMPLES): 2 gives a 648-token prompt
+    "lora_layers": None,  # None: full fine-tuning; N: LoRA (rank lora_rank) on the top N layers, 0 on all of them
+    "lora_rank": 16,
+    "sides": ["trl", "textenv"],  # also "textenv-padded": textenv with share_prompt_prefix=False (every row padded, whole)
 }
+SIDE_NAMES = ("trl", "textenv", "textenv-padded")
 TRL_PATH = "transformers generate (TRL GRPOTrainer: a left-padded batch per turn, tools between turns)"
 
 
@@ -94,6 +105,9 @@ def settings_mapping(settings: dict) -> dict[str, dict]:
     "trl": {"GRPOConfig": ...}}`` (TRL's without `output_dir`)."""
     s = {**DEFAULTS, **settings}
     batch, mini = s["batch_size"], s["mini_batch_size"]
+    unknown = set(s["sides"]) - set(SIDE_NAMES)
+    if unknown or not s["sides"]:
+        raise ValueError(f"sides must be some of {SIDE_NAMES}, got {s['sides']}.")
     if batch % mini or batch % s["num_generations"]:
         raise ValueError(f"batch_size {batch} must be a multiple of mini_batch_size {mini} and num_generations {s['num_generations']}.")
     accumulation = batch // mini  # mini-batches per batch: one optimizer step per batch on both sides
@@ -149,7 +163,37 @@ def mapping_rows(settings: dict) -> list[list[str]]:
         ["tokens per turn", f"max_new_tokens={sampling['max_new_tokens']}", f"generation_kwargs={trl['generation_kwargs']}"],
         ["turns", args(scheduler, "max_turns"), args(trl, "max_tool_calling_iterations") + ", " + args(trl, "max_completion_length")],
         ["precision", "fp32, CPU", args(trl, "use_cpu", "bf16", "fp16")],
+        ["weights trained", _trained_weights(settings), _trained_weights(settings)],
+        ["prompt", f"system + tools + {settings.get('shots', DEFAULTS['shots'])} solved examples + question", "the same"],
     ]
+
+
+def _trained_weights(settings: dict) -> str:
+    layers = {**DEFAULTS, **settings}["lora_layers"]
+    if layers is None:
+        return "all (full fine-tuning)"
+    rank = {**DEFAULTS, **settings}["lora_rank"]
+    return f"LoRA r={rank} on the top {layers} layers" if layers else f"LoRA r={rank} on every layer"
+
+
+def with_lora(model, settings: dict):
+    """``model`` as the side trains it: itself, or wrapped with LoRA adapters (`settings["lora_layers"]`)."""
+    config = lora_settings(model, settings)
+    if config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, config)
+
+
+def lora_settings(model, settings: dict):
+    """The `peft.LoraConfig` both sides use, or ``None`` for full fine-tuning."""
+    s = {**DEFAULTS, **settings}
+    if s["lora_layers"] is None:
+        return None
+    from textenv.training.policy import lora_config
+
+    return lora_config(s["lora_rank"], s["lora_layers"], model.config.num_hidden_layers)
 
 
 # ------------------------------------------------------------------------------ shared parts
@@ -218,8 +262,9 @@ def finish(steps: list[dict], before: dict, after: dict, peak_rss_mb: float, **e
 
 
 # ------------------------------------------------------------------------------ textenv
-def run_textenv(inputs: dict) -> dict:
-    """textenv's side: GymScheduler + GymSource + textenv.grpo.GRPOTrainer + textenv.training.train."""
+def run_textenv(inputs: dict, share_prompt_prefix: bool = True) -> dict:
+    """textenv's side: GymScheduler + GymSource + textenv.grpo.GRPOTrainer + textenv.training.train (with
+    ``share_prompt_prefix=False``: the `textenv-padded` side)."""
     from grpo_task import CalculatorEnv
     from textenv.grpo import GRPOConfig, GRPOTrainer
     from textenv.gym import GymScheduler, GymSource
@@ -229,8 +274,10 @@ def run_textenv(inputs: dict) -> dict:
     model, tokenizer = load(model_path)
     before = evaluations(model, model_path, inputs["eval_rows"], settings)
     mapping = settings_mapping(settings)["textenv"]
+    model = with_lora(model, settings)
     scheduler = GymScheduler(model, tokenizer, environment_factory=CalculatorEnv, **mapping["GymScheduler"])
-    trainer = GRPOTrainer(GRPOConfig(**mapping["GRPOConfig"]), model=model, tokenizer=tokenizer)
+    config = GRPOConfig(**mapping["GRPOConfig"], share_prompt_prefix=share_prompt_prefix)
+    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer)
     source = GymSource(scheduler, inputs["train_rows"], batch_size=trainer.config.batch_size)
     peak_before = workload.peak_rss_mb()
     steps: list[dict] = []
@@ -250,7 +297,7 @@ def run_textenv(inputs: dict) -> dict:
     after = evaluations(model, model_path, inputs["eval_rows"], settings)
     first_prompt = steps[0].pop("first_prompt_ids") if steps else []
     return finish(steps, before, after, peak, decoding_path=str(scheduler.decoding_path), first_prompt_ids=first_prompt,
-                  peak_rss_before_training_mb=peak_before)
+                  peak_rss_before_training_mb=peak_before, packed=trainer.packed_config is not None)
 
 
 # ------------------------------------------------------------------------------ TRL
@@ -314,7 +361,8 @@ def run_trl(inputs: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as output_dir:
         args = trl.GRPOConfig(output_dir=output_dir, **settings_mapping(settings)["trl"]["GRPOConfig"])
         trainer = trl.GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(inputs["train_rows"]),
-                                  processing_class=tokenizer, environment_factory=CalculatorEnv, callbacks=[StepTimes()])
+                                  processing_class=tokenizer, environment_factory=CalculatorEnv, callbacks=[StepTimes()],
+                                  peft_config=lora_settings(model, settings))
         generate_turn, generate_and_score = trainer._generate_single_turn, trainer._generate_and_score_completions
 
         def counted_turn(prompt_ids, *args, **kwargs):  # every model turn: count the tokens it generated
@@ -344,7 +392,7 @@ def run_trl(inputs: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--side", required=True, choices=["textenv", "trl"])
+    parser.add_argument("--side", required=True, choices=SIDE_NAMES)
     parser.add_argument("--inputs", required=True, help="the workload's inputs, written by run.py")
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     args = parser.parse_args()
@@ -352,7 +400,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     inputs = workload.read_json(args.inputs)
-    workload.emit({"side": args.side, **(run_textenv if args.side == "textenv" else run_trl)(inputs)})
+    runs = {"trl": run_trl, "textenv": run_textenv, "textenv-padded": lambda inputs: run_textenv(inputs, share_prompt_prefix=False)}
+    workload.emit({"side": args.side, **runs[args.side](inputs)})
 
 
 if __name__ == "__main__":

@@ -115,25 +115,30 @@ def _example(question: str, expression: str, result: str) -> list[dict]:
     ]
 
 
-# Two solved examples before every question (the bundled 135M model calls no tool zero-shot: 0 of 8 greedy).
-EXAMPLES = [*_example("What is 13-3?", "13-3", "10"), *_example("What is 4*3?", "4*3", "12")]
+# Solved examples before every question (the bundled 135M model calls no tool zero-shot: 0 of 8 greedy); the rows
+# take the first `shots` (default 2: a 648-token prompt with the tools' schemas, about 137 tokens per example).
+EXAMPLES = [_example("What is 13-3?", "13-3", "10"), _example("What is 4*3?", "4*3", "12"),
+            _example("What is 25+17?", "25+17", "42"), _example("What is 9*6?", "9*6", "54")]
+DEFAULT_SHOTS = 2
 
 
-def make_rows(count: int, seed: int, shots: bool = True) -> list[dict]:
-    """`count` seeded rows ``{"prompt": [system, (2 solved examples,) user question], "answer": float}``
+def make_rows(count: int, seed: int, shots: int = DEFAULT_SHOTS) -> list[dict]:
+    """`count` seeded rows ``{"prompt": [system, (`shots` solved examples,) user question], "answer": float}``
     (`generate_tasks(count, seed, plain=True)`: "What is a op b?", a and b in [0, 50), op in + - *)."""
     from textenv.tasks.calculator import generate_tasks
 
+    if not 0 <= shots <= len(EXAMPLES):
+        raise ValueError(f"shots must be in [0, {len(EXAMPLES)}], got {shots}.")
     questions, answers = generate_tasks(count, seed=seed, plain=True)
-    opening = [{"role": "system", "content": SYSTEM_PROMPT}, *(EXAMPLES if shots else [])]
+    opening = [{"role": "system", "content": SYSTEM_PROMPT}, *(message for example in EXAMPLES[:shots] for message in example)]
     return [{"prompt": [*opening, {"role": "user", "content": question}], "answer": answer} for question, answer in zip(questions, answers)]
 
 
-def train_and_held_out_rows(train: int, held_out: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+def train_and_held_out_rows(train: int, held_out: int, seed: int = 0, shots: int = DEFAULT_SHOTS) -> tuple[list[dict], list[dict]]:
     """`train` training rows (seed `seed`) and `held_out` rows (seed `seed + 1`) whose questions are not among the
     training rows'."""
-    train_rows = make_rows(train, seed)
+    train_rows = make_rows(train, seed, shots)
     seen = {row["prompt"][-1]["content"] for row in train_rows}
-    candidates = make_rows(held_out + len(train_rows), seed + 1)  # enough to replace any repeats
+    candidates = make_rows(held_out + len(train_rows), seed + 1, shots)  # enough to replace any repeats
     held_out_rows = [row for row in candidates if row["prompt"][-1]["content"] not in seen][:held_out]
     return train_rows, held_out_rows

@@ -264,7 +264,7 @@ def saved_repeats(raw: dict) -> int:
     for name in ALL_WORKLOADS:
         if name in raw:
             results = raw[name]
-            side = next(key for key in ("legacy", GYM_MODES[0], grpo_bench.SIDES[0]) if key in results)
+            side = next(key for key in ("legacy", GYM_MODES[0], *grpo_bench.grpo_side.SIDE_NAMES) if key in results)
             return len(results[side])
     return 0
 
@@ -355,7 +355,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         gym_table = report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS))
         parts += [report.cpu_line(*gym_results), "", gym_table, ""]
     if GRPO_WORKLOAD in raw:
-        parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.SIDES)), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
+        parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.sides_of(raw[GRPO_WORKLOAD]))), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
         if side in raw.get("turns", {}):
             title, label = ("", "textenv") if side == "textenv" else (", textenv on vLLM", "vLLM")

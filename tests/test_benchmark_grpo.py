@@ -190,15 +190,16 @@ def test_the_report_prints_both_sides_and_the_ratio():
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| grpo-vs-trl"))
 
-    assert header == "| grpo-vs-trl (2 steps x 4 episodes, groups of 4; calculator tool task) | TRL 1.16.0 GRPOTrainer | textenv GRPO | textenv / TRL |"
+    assert header == ("| grpo-vs-trl (2 steps x 4 episodes, groups of 4; calculator tool task, 2 shots; all (full fine-tuning)) "
+                      "| TRL 1.16.0 GRPOTrainer | textenv GRPO | textenv / TRL |")
     assert "| wall s per step (median over the steps) | 40 | 10 | 0.25x |" in lines
     assert "| peak RSS MiB after training | 3000 | 3000 | 1.00x |" in lines
     assert "| model turns per episode (mean) | 2 | 2 | 1.00x |" in lines
     assert "| mean reward, first -> last step | 0.25 -> 0.50 | 0.25 -> 0.50 |  |" in lines
     assert "| held-out greedy accuracy, before -> after (2 rows) | 0.50 -> 1.00 | 0.50 -> 0.50 |  |" in lines
     assert "| training turns decoded by | transformers generate | textenv decoding loop |  |" in lines
-    assert "(**4.00x** TRL's speed)" in text
-    assert "same token ids on both sides: True (3 tokens)" in text
+    assert "textenv / TRL: a textenv step took 0.25x the time of a trl step (**4.00x** the speed)" in text
+    assert "same token ids on every side: True (3 tokens)" in text
     assert "What TRL needed to run this task: a template; a parser." in text
     assert "| learning rate | learning_rate=1e-05, constant |" in text  # the settings table
     assert "--workloads grpo-vs-trl" in text and "--grpo-steps 2 --grpo-episodes 4" in text
@@ -206,7 +207,23 @@ def test_the_report_prints_both_sides_and_the_ratio():
 
 def test_the_report_says_when_the_prompts_differ():
     args = argparse.Namespace(workloads=[run.GRPO_WORKLOAD], bf16=False, threads=2, quick=False, repeats=1)
-    assert "same token ids on both sides: False" in run.render(recorded(textenv_prompt=(1, 2, 4)), 1, args)
+    assert "same token ids on every side: False" in run.render(recorded(textenv_prompt=(1, 2, 4)), 1, args)
+
+
+def test_the_report_compares_packed_textenv_with_padded_textenv():
+    results = recorded()
+    workload = results[run.GRPO_WORKLOAD]
+    workload["textenv-padded"] = [side_result(25.0, [1, 2, 3], decoding_path="textenv decoding loop")]
+    workload["settings"].update(sides=["trl", "textenv", "textenv-padded"], lora_layers=8, shots=3)
+    args = argparse.Namespace(workloads=[run.GRPO_WORKLOAD], bf16=False, threads=2, quick=False, repeats=1)
+    text = run.render(results, 1, args)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| grpo-vs-trl"))
+    assert header.endswith("3 shots; LoRA r=16 on the top 8 layers) | TRL 1.16.0 GRPOTrainer | textenv GRPO "
+                           "| textenv GRPO, padded (share_prompt_prefix=False) | textenv / TRL | textenv packed / padded |")
+    assert "| wall s per step (median over the steps) | 40 | 10 | 25 | 0.25x | 0.40x |" in lines
+    assert "textenv packed / padded: a textenv step took 0.40x the time of a textenv-padded step (**2.50x** the speed)" in text
+    assert "--grpo-shots 3 --grpo-lora-layers 8 --grpo-sides trl,textenv,textenv-padded" in text
 
 
 # ------------------------------------------------------------------------------ both sides on a tiny model
@@ -238,3 +255,29 @@ def test_both_sides_train_a_tiny_model_on_the_same_prompts(tiny_inputs):
     assert trl_result["first_prompt_ids"] == textenv_result["first_prompt_ids"] and len(trl_result["first_prompt_ids"]) > 500
     assert trl_result["decoding_path"] == grpo_side.TRL_PATH and textenv_result["decoding_path"] == "textenv decoding loop"
     assert len(trl_result["trl_needed"]) == 2
+
+
+@needs_trl_1_16
+def test_every_side_trains_lora_adapters_on_the_top_layers(tiny_inputs):
+    import torch
+
+    tiny_inputs["settings"].update(lora_layers=1, lora_rank=4, shots=1, sides=list(grpo_side.SIDE_NAMES))
+    torch.manual_seed(0)
+    results = {"trl": grpo_side.run_trl(tiny_inputs), "textenv": grpo_side.run_textenv(tiny_inputs),
+               "textenv-padded": grpo_side.run_textenv(tiny_inputs, share_prompt_prefix=False)}
+    assert results["textenv"]["packed"] and not results["textenv-padded"]["packed"]
+    assert len({str(result["first_prompt_ids"]) for result in results.values()}) == 1
+    for result in results.values():
+        assert result["episodes"] == 4 and result["generated_tokens"] > 0
+
+
+def test_lora_settings_put_the_adapters_on_the_top_layers():
+    from textenv.testing import tiny_causal_lm
+
+    model = tiny_causal_lm(seed=0)
+    assert grpo_side.lora_settings(model, {}) is None  # full fine-tuning by default
+    config = grpo_side.lora_settings(model, {"lora_layers": 1, "lora_rank": 4})
+    assert config.r == 4 and config.layers_to_transform == [model.config.num_hidden_layers - 1]
+    adapted = grpo_side.with_lora(model, {"lora_layers": 1, "lora_rank": 4})
+    trained = {name for name, parameter in adapted.named_parameters() if parameter.requires_grad}
+    assert trained and all(f"layers.{model.config.num_hidden_layers - 1}." in name for name in trained)
