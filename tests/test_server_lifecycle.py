@@ -120,14 +120,19 @@ def assert_all_gone(pgid: int, port: int) -> None:
     assert port_is_free(port), f"port {port} is still held"
 
 
-def start_serve(tmp_path: Path, environment: dict[str, str], *args: str, grace: float = GRACE, python: str = sys.executable):
-    """`textenv serve` as a subprocess on a free port: (process, port, its stdout file)."""
+def start_serve(tmp_path: Path, environment: dict[str, str], *args: str, grace: float = GRACE, python: str = sys.executable,
+                ignore_hangup: bool = False):
+    """`textenv serve` as a subprocess on a free port: (process, port, its stdout file). It starts with SIGHUP at
+    its default action, as from a terminal, even when the tests run under `nohup` (which would otherwise pass on
+    the ignored SIGHUP that `textenv serve` deliberately keeps); ``ignore_hangup``: started as under `nohup`."""
     port = free_port()
     output = tmp_path / f"serve-{port}.out"
     command = [sys.executable, "-m", "textenv.cli", "serve", "--port", str(port), "--vllm_python", python,
                "--stop_grace", str(grace), *args]
+    hangup = signal.SIG_IGN if ignore_hangup else signal.SIG_DFL
     with open(output, "w") as stdout:
-        process = subprocess.Popen(command, env=environment, stdout=stdout, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=environment, stdout=stdout, stderr=subprocess.STDOUT,
+                                   preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup))
     return process, port, output
 
 
@@ -163,6 +168,19 @@ def test_serve_stops_every_process_on_a_stop_signal(tmp_path, fake_vllm, phase, 
     assert process.wait(STOP_BOUND) == 0, output.read_text()
     assert f"Got {signal.Signals(signum).name}: the server and all its processes are stopped." in output.read_text()
     assert not group_members(pgid), "textenv serve returned before its server's processes ended"
+    assert_all_gone(pgid, port)
+
+
+def test_serve_started_under_nohup_keeps_ignoring_sighup(tmp_path, fake_vllm):
+    environment = {**fake_vllm, "FAKE_VLLM_STARTUP_SECONDS": "0.5"}
+    process, port, output = start_serve(tmp_path, environment, "--model", str(tmp_path), "--dtype", "float32", ignore_hangup=True)
+    pgid = process_group_of(process, output)
+    wait_for(lambda: "Ready after" in output.read_text(), 60, "the fake server ready")
+    process.send_signal(signal.SIGHUP)
+    time.sleep(2 * GRACE)
+    assert process.poll() is None, output.read_text()  # nohup's choice is kept
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(STOP_BOUND) == 0, output.read_text()
     assert_all_gone(pgid, port)
 
 
