@@ -44,6 +44,7 @@ VERSION_INDEPENDENT = {
     "test_example_triviaqa.py": "the trivia example's task data and reward: Python only",
     "test_example_word_problems.py": "the word-problem example's task data and reward: Python only",
     "test_gym_example.py": END_TO_END,
+    "test_readme_examples.py": END_TO_END,
 }
 
 # Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
@@ -54,5 +55,5 @@ LOWER_HALF_ONLY = {
     "test_calculator.py", "test_python_interpreter.py", "test_sandbox_reads.py", "test_tool_faults.py", "test_wiki_search.py",
     "test_smolagents_tools.py", "test_fuzz.py", "test_reliability.py", "test_logs.py", "test_view.py", "test_view_browser.py",
     "test_view_command.py", "test_notebooks.py", "test_examples.py", "test_example_calculator.py", "test_example_triviaqa.py",
-    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py",
+    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py", "test_readme_examples.py",
 }
