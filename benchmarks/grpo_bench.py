@@ -97,7 +97,7 @@ def table(results: dict) -> str:
     settings, sides = results["settings"], sides_of(results)
     ratios = [(a, b, label) for a, b, label in RATIOS if a in results and b in results]
     title = (f"grpo-vs-trl ({settings['steps']} steps x {settings['batch_size']} episodes, groups of {settings['num_generations']}; "
-             f"calculator tool task, {settings.get('shots', grpo_side.DEFAULTS['shots'])} shots; {grpo_side._trained_weights(settings)})")
+             f"calculator tool task, {settings.get('shots', grpo_side.DEFAULTS['shots'])} shots; {grpo_side.trained_weights(settings)})")
     header = [title, *(_side_label(side, results) for side in sides), *(label for *_, label in ratios)]
 
     def figure(label: str, value, ratio_of: bool = True) -> list:

@@ -163,16 +163,17 @@ def mapping_rows(settings: dict) -> list[list[str]]:
         ["tokens per turn", f"max_new_tokens={sampling['max_new_tokens']}", f"generation_kwargs={trl['generation_kwargs']}"],
         ["turns", args(scheduler, "max_turns"), args(trl, "max_tool_calling_iterations") + ", " + args(trl, "max_completion_length")],
         ["precision", "fp32, CPU", args(trl, "use_cpu", "bf16", "fp16")],
-        ["weights trained", _trained_weights(settings), _trained_weights(settings)],
+        ["weights trained", trained_weights(settings), trained_weights(settings)],
         ["prompt", f"system + tools + {settings.get('shots', DEFAULTS['shots'])} solved examples + question", "the same"],
     ]
 
 
-def _trained_weights(settings: dict) -> str:
-    layers = {**DEFAULTS, **settings}["lora_layers"]
+def trained_weights(settings: dict) -> str:
+    """What the sides train, in words: all weights, or LoRA adapters on which layers."""
+    s = {**DEFAULTS, **settings}
+    layers, rank = s["lora_layers"], s["lora_rank"]
     if layers is None:
         return "all (full fine-tuning)"
-    rank = {**DEFAULTS, **settings}["lora_rank"]
     return f"LoRA r={rank} on the top {layers} layers" if layers else f"LoRA r={rank} on every layer"
 
 

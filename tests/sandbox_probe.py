@@ -39,7 +39,8 @@ def environ_of(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -53,4 +54,4 @@ def sandbox_processes(parent: Path) -> list[int]:
     mean nothing here."""
     marker = os.path.join(str(parent), SANDBOX_PREFIX).encode()
     return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and marker in environ_of(int(entry)) and _alive(int(entry))]
+            if entry.isdigit() and marker in environ_of(int(entry)) and alive(int(entry))]

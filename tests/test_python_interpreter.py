@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sandbox_probe import own_sandbox_parent, sandbox_processes
+from sandbox_probe import alive, own_sandbox_parent, sandbox_processes
 from textenv.tools import TOOL_ERROR_PREFIX, PythonInterpreter
 from textenv.tools.python_interpreter import strip_code_fence
 
@@ -24,15 +24,6 @@ def interpreter():
     return PythonInterpreter(timeout=3, memory_mb=256, max_output_chars=2000)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            state = next(line for line in status if line.startswith("State:"))
-    except (OSError, StopIteration):
-        return False
-    return " Z " not in state and "zombie" not in state
-
-
 def _children_of_this_process() -> list[int]:
     children = []
     for entry in os.listdir("/proc"):
@@ -43,7 +34,7 @@ def _children_of_this_process() -> list[int]:
                 parent = int(stat.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if parent == os.getpid() and _alive(int(entry)):
+        if parent == os.getpid() and alive(int(entry)):
             children.append(int(entry))
     return children
 

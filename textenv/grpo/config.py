@@ -97,9 +97,8 @@ class GRPOConfig(GRPOArguments):
     are computed from the logits divided by it, as in TRL. `share_prompt_prefix` (textenv only, default True): a
     mini-batch's rows run packed into one sequence of real tokens, without padding, and every prefix several rows
     share (the few-shot opening of every group; a group's whole prompt and its replies' common first tokens) runs
-    through the model once, forward and
-    backward, with the LM head on the response positions only (same losses and gradients to float rounding;
-    see `textenv.ppo.packing`); False runs the padded rows, as TRL does.
+    through the model once, forward and backward, with the LM head on the response positions only (same losses
+    and gradients to float rounding; see `textenv.ppo.packing`); False runs the padded rows, as TRL does.
 
     Raises:
         ValueError: a GRPO setting is out of range, `batch_size` is not a multiple of `num_generations`, or

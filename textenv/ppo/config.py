@@ -30,8 +30,8 @@ class PPOConfig:
 
     ``share_prompt_prefix`` (textenv only, default True): the rows of a mini-batch run packed into one sequence
     of real tokens, without padding, and every prefix several rows share (the few-shot prompt of all, the
-    longer opening of some) runs through the model once, forward and backward (same losses to float rounding; see `textenv.ppo.packing`). Set it to False to run the padded
-    rows, as legacy TRL did. ``step_in_backward`` (textenv only, opt-in, default False): with the trainer's
+    longer opening of some) runs through the model once, forward and backward (same losses to float rounding;
+    see `textenv.ppo.packing`). Set it to False to run the padded rows, as legacy TRL did. ``step_in_backward`` (textenv only, opt-in, default False): with the trainer's
     own optimizer on one process and no ``max_grad_norm`` or gradient accumulation, each parameter is updated
     as soon as backward completes its gradient, so the gradients of the whole model never exist at once (same
     update, less peak memory; see `textenv.ppo.step_in_backward`). A user can tell: after ``step`` the

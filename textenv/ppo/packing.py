@@ -87,8 +87,6 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, share_pr
     tree = _PrefixTree(rows)
     if share_prefix and batch > 1:
         tree.split(list(range(batch)), start=0, depth=0, parent=-1)
-    else:
-        tree.rests = [(0, -1)] * batch
     return tree.layout(first, real_tokens, device)
 
 
@@ -99,7 +97,7 @@ class _PrefixTree:
     def __init__(self, rows: list[list[int]]):
         self.rows = rows
         self.shared: list[tuple[int, int, int, int]] = []  # (row depth start, end, parent segment, a row holding it)
-        self.rests: list[tuple[int, int] | None] = [None] * len(rows)  # (row depth start, parent segment) per row
+        self.rests: list[tuple[int, int]] = [(0, -1)] * len(rows)  # (row depth start, parent segment) per row: whole
 
     def split(self, members: list[int], start: int, depth: int, parent: int) -> None:
         """Place ``members``, rows equal on ``[0, depth)``, whose tokens from ``start`` are in no segment yet."""
