@@ -257,7 +257,16 @@ def packed_config(model: nn.Module, share_prompt_prefix: bool):
     """The transformers config of ``model``'s causal LM when its rows may run packed (`textenv.ppo.packing`),
     else `None`. A PEFT model runs packed through its base model's attention layers."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not share_prompt_prefix or not packing.supports_packing(base):
+    if not share_prompt_prefix:
+        return None
+    if not packing.supports_packing(base):
+        warnings.warn(
+            f"GRPOConfig(share_prompt_prefix=True) but this model cannot run packed (attention "
+            f"{getattr(base.config, '_attn_implementation', None)!r}, or sliding-window layers; see "
+            "textenv.ppo.packing.supports_packing): its mini-batches run padded, every row's whole prompt through the "
+            "model (about 2x slower steps on long shared prompts). trainer.packed_config is None.",
+            stacklevel=3,
+        )
         return None
     return base.config
 
