@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, exclude=eval_queries)
 
     episodes = training.TextEnvironmentSource(env, task_batches)
-    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=not command.no_progress)
+    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=not command.no_progress, max_staleness=settings.max_staleness)
     ppo_trainer.accelerator.end_training()
 
     summary = {

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     before = training.measure(evaluate_held_out, "before", game.output_dir, tokenizer)
     games = GymSource(scheduler, game_rows(settings.batch_size * settings.ppo_steps, settings.seed, game), settings.batch_size,
                       completions_path=Path(game.output_dir) / "completions.jsonl")
-    logs = training.train(trainer, games, settings.ppo_steps, progress=not command.no_progress, run_dir=game.output_dir)
+    logs = training.train(trainer, games, settings.ppo_steps, progress=not command.no_progress, run_dir=game.output_dir, max_staleness=settings.max_staleness)
     after = training.measure(evaluate_held_out, "after", game.output_dir, tokenizer, step=len(logs))
 
     figures = training.log_before_after(f"Guess the number: held-out games won of {len(held_out)}", before, after)

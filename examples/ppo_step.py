@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     # Each step of `train`: env.run(queries, answers=answers) -> trainer.step(queries, responses, rewards, masks)
     # (GRPO: each task of the batch's first 1/num_generations played num_generations times).
-    logs = train(trainer, TextEnvironmentSource(env, task_batches()), args.ppo_steps, on_step=show, progress=False)
+    logs = train(trainer, TextEnvironmentSource(env, task_batches()), args.ppo_steps, on_step=show, progress=False,
+                 max_staleness=algorithm.max_staleness)
     return [{**log.stats, "env/reward_mean": log.reward_mean} for log in logs]
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     training.show_episodes(before["sampled"], args.show, "held-out episodes before training (sampled)")
     training_started = time.perf_counter()
     episodes = training.TextEnvironmentSource(env, batches)
-    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=progress, run_dir=interpreter.output_dir)
+    logs = training.train(ppo_trainer, episodes, settings.ppo_steps, progress=progress, run_dir=interpreter.output_dir, max_staleness=settings.max_staleness)
     training_seconds = time.perf_counter() - training_started
     ppo_trainer.accelerator.end_training()
     if args.save_dir:

@@ -34,6 +34,8 @@ VERSION_INDEPENDENT = {
     "test_server_lifecycle.py": "server processes and signals; vLLM runs in its own environment (.venv-vllm)",
     "test_vllm_backend.py": ("real vLLM servers, which run in .venv-vllm whatever textenv's ranges; textenv's side "
                              "(HTTP client, weight export through peft) is in test_vllm_faults, in both halves"),
+    "test_vllm_overlap.py": ("rollouts ahead of training on real vLLM servers (.venv-vllm); the pipeline's logic and the loop's "
+                             "K=0 identity are test_rollout_overlap's, in both halves"),
     "test_benchmark_flops.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_grpo.py": "benchmark scripts: measured on the newest releases (TRL 1.16's GRPOTrainer)",
     "test_benchmark_paths.py": "benchmark scripts: measured on the newest releases",
@@ -55,5 +57,5 @@ LOWER_HALF_ONLY = {
     "test_calculator.py", "test_python_interpreter.py", "test_sandbox_reads.py", "test_tool_faults.py", "test_wiki_search.py",
     "test_smolagents_tools.py", "test_fuzz.py", "test_reliability.py", "test_logs.py", "test_view.py", "test_view_browser.py",
     "test_view_command.py", "test_notebooks.py", "test_examples.py", "test_example_calculator.py", "test_example_triviaqa.py",
-    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py", "test_readme_examples.py",
+    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py", "test_readme_examples.py", "test_vllm_overlap.py",
 }

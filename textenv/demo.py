@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         deadline = started + 60 * budget_minutes - evaluation_seconds
     episodes = training.TextEnvironmentSource(env, task_batches)
     logs = training.train(
-        ppo_trainer, episodes, settings.ppo_steps, deadline=deadline, progress=not command.no_progress, run_dir=args.output_dir
+        ppo_trainer, episodes, settings.ppo_steps, deadline=deadline, progress=not command.no_progress, run_dir=args.output_dir,
+        max_staleness=settings.max_staleness,
     )
     if len(logs) < settings.ppo_steps:
         logger.info(f"time budget reached: stopping after {len(logs)} of {settings.ppo_steps} steps")

@@ -25,12 +25,14 @@ LOSS_SCALES = ("last_round", "default", "all")
 @dataclass
 class Segment:
     """Text and its token ids; `generated` marks exact model output in the context it was generated in, and
-    `logprobs` are the engine's log-probabilities of those ids (`None`: not reported)."""
+    `logprobs` are the engine's log-probabilities of those ids (`None`: not reported), `policy_version` the
+    version of the weights that generated them (`Completion.policy_version`)."""
 
     text: str
     tokens: torch.Tensor
     generated: bool = False
     logprobs: Optional[torch.Tensor] = None
+    policy_version: Optional[int] = None
 
 
 @dataclass
@@ -117,7 +119,8 @@ class Transcript:
         message = self._assistant_message(content)
         generated_ids = completion.token_ids.detach().cpu().long()
         logprobs = _turn_logprobs(completion, len(generated_ids))
-        segments = [prompt, Segment(completion.text, generated_ids, generated=len(generated_ids) > 0, logprobs=logprobs)]
+        reply = Segment(completion.text, generated_ids, generated=len(generated_ids) > 0, logprobs=logprobs, policy_version=completion.policy_version)
+        segments = [prompt, reply]
         if closing:
             segments.append(Segment(closing, self.renderer.encode(closing)))
         self.entries.append(Entry(message, segments))
@@ -188,7 +191,7 @@ class Transcript:
                 continue
             history = _flush(history, pending_text, pending_tokens)
             pending_text, pending_tokens = "", []
-            history.append_segment(segment.text, segment.tokens, system=False, logprobs=segment.logprobs)
+            history.append_segment(segment.text, segment.tokens, system=False, logprobs=segment.logprobs, policy_version=segment.policy_version)
         return _flush(history, pending_text, pending_tokens) if pending_tokens else history
 
 

@@ -56,12 +56,15 @@ class Completion:
         logprobs (`torch.FloatTensor`, *optional*): the log-probability the engine gave each generated
             token when it sampled it, 1-D like `token_ids`; `None` when the engine does not report them (the
             in-process engine). The vLLM backend reports them.
+        policy_version (`int`, *optional*): the version of the weights that sampled the turn (the training
+            loop's count of optimizer steps; `None` outside a training loop).
     """
 
     token_ids: torch.Tensor
     text: str
     finish_reason: str
     logprobs: torch.Tensor | None = None
+    policy_version: int | None = None
 
 
 class GenerationEngine:
@@ -101,6 +104,7 @@ class GenerationEngine:
         self.reuse_cache = reuse_cache
         self.autocast_dtype = autocast_dtype(mixed_precision)
         self.prefix_cache = PrefixCache()
+        self.policy_version: int | None = None  # stamped on every Completion; the training loop sets it
         ensure_pad_token(tokenizer)
         self._lock = threading.Lock()
         self._waiting: list[DecodeRequest | HFGenerateRequest] = []
@@ -380,7 +384,7 @@ class GenerationEngine:
     def _completion(self, token_ids: list[int] | torch.Tensor, reason: str, device: torch.device) -> Completion:
         token_ids = torch.as_tensor(token_ids, dtype=torch.long).to(device)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        return Completion(token_ids=token_ids, text=text, finish_reason=reason)
+        return Completion(token_ids=token_ids, text=text, finish_reason=reason, policy_version=self.policy_version)
 
 
 def _resolve(future: asyncio.Future, token_ids, outcome) -> None:

@@ -102,7 +102,8 @@ def _appended_turn(history: TextHistory, context_length: int, eos_token_id) -> C
     ended_by_eos = len(token_ids) > 0 and eos_token_id is not None and int(token_ids[-1]) == eos_token_id
     logprobs = history.token_logprobs[context_length:]
     logprobs = None if bool(logprobs.isnan().all()) else logprobs  # the engine reported none
-    return Completion(token_ids, text, FINISH_EOS if ended_by_eos else FINISH_LENGTH, logprobs=logprobs)
+    reason = FINISH_EOS if ended_by_eos else FINISH_LENGTH
+    return Completion(token_ids, text, reason, logprobs=logprobs, policy_version=history.segment_policy_versions[-1])
 
 
 def opening_messages(prompt, query: str) -> Messages:

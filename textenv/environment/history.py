@@ -28,6 +28,8 @@ class TextHistory:
         text_spans (`list[tuple[int, int]]`): each segment's `(start, end)` character offsets in `text`.
         token_spans (`list[tuple[int, int]]`): each segment's `(start, end)` offsets in `tokens`.
         system_spans (`list[bool]`): for each segment, whether it is system text.
+        segment_policy_versions (`list[int | None]`): for each segment, the version of the weights that wrote
+            it (`Completion.policy_version`; `None` for system text and outside a training loop).
         completed (`bool`): the episode is over.
         truncated (`bool`): it ended by a limit (`max_length`, `max_turns`) rather than by the model.
         reward: what the reward function returned for this episode (`0.0` until computed).
@@ -43,6 +45,7 @@ class TextHistory:
         self.system_spans: list[bool] = []
         self.text_spans: list[tuple[int, int]] = []
         self.token_spans: list[tuple[int, int]] = []
+        self.segment_policy_versions: list[int | None] = []
         self.token_masks = torch.empty(0, dtype=torch.long, device=tokens.device)
         self.token_logprobs = torch.empty(0, dtype=torch.float, device=tokens.device)
         self.text = ""
@@ -53,7 +56,8 @@ class TextHistory:
         self.info: dict[str, Any] = {}
         self.append_segment(text, tokens, system=system)
 
-    def append_segment(self, text: str, tokens: torch.Tensor, system: bool = True, logprobs: Any = None) -> None:
+    def append_segment(self, text: str, tokens: torch.Tensor, system: bool = True, logprobs: Any = None,
+                       policy_version: int | None = None) -> None:
         """Append a segment.
 
         Args:
@@ -62,6 +66,8 @@ class TextHistory:
             system (`bool`, defaults to `True`): system text (mask 0) or model output (mask 1).
             logprobs (`torch.FloatTensor`, *optional*): the engine's log-probability of each of `tokens` when
                 it sampled them (`Completion.logprobs`), 1-D; stored in `token_logprobs` (NaN when `None`).
+            policy_version (`int`, *optional*): the version of the weights that wrote a model segment
+                (`Completion.policy_version`); stored in `segment_policy_versions`.
 
         Raises:
             ValueError: the text or the token list is empty, or `logprobs` is not 1-D of `len(tokens)`.
@@ -75,6 +81,7 @@ class TextHistory:
         self.text += text
         self.text_spans.append((text_start, len(self.text)))
         self.system_spans.append(system)
+        self.segment_policy_versions.append(policy_version)
         self.tokens = torch.cat((self.tokens, tokens))
         segment_mask = torch.zeros_like(tokens) if system else torch.ones_like(tokens)
         self.token_masks = torch.cat((self.token_masks, segment_mask))
@@ -109,6 +116,11 @@ class TextHistory:
         """
         split = self.token_spans[0][1]
         return self.tokens[:split], self.tokens[split:], self.token_masks[split:]
+
+    @property
+    def policy_versions(self) -> list[int | None]:
+        """The version of the weights behind each model segment, in order (a multi-turn episode may span updates)."""
+        return [version for version, system in zip(self.segment_policy_versions, self.system_spans) if not system]
 
     def response_logprobs(self) -> torch.Tensor:
         """The engine's log-probabilities of the response tokens of `split_query_response_tokens()` (same

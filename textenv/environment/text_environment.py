@@ -247,7 +247,8 @@ class TextEnvironment(EndingAndRewards):
 
     def _react(self, history: TextHistory, completion) -> TextHistory:
         """Record the model's turn, end the episode or answer its tool call."""
-        history.append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs)
+        history.append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs,
+                               policy_version=completion.policy_version)
         history = self.tasks_end_check([history])[0]
         history = self.step(history)
         return self.tasks_end_check([history], model_turn=False)[0]
@@ -304,7 +305,8 @@ class TextEnvironment(EndingAndRewards):
             batch_size=self.batch_size,
         )
         for index, completion in zip(active, completions):
-            histories[index].append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs)
+            histories[index].append_segment(completion.text, completion.token_ids, system=False, logprobs=completion.logprobs,
+                                            policy_version=completion.policy_version)
         return histories
 
     def _generate_batched(self, query_tensors: Sequence[torch.Tensor], batch_size: int = 16, pad_to_multiple_of=None) -> list[torch.Tensor]:

@@ -66,13 +66,21 @@ class GRPOArguments:
 
 @dataclass
 class AlgorithmArguments(GRPOArguments):
-    """``--algorithm ppo|grpo`` and GRPO's settings, for `textenv train`, the demo and the examples."""
+    """``--algorithm ppo|grpo``, GRPO's settings and ``--max_staleness`` (rollouts ahead of training), for
+    `textenv train`, the demo and the examples."""
 
     algorithm: str = field(default="ppo", metadata={"help": "ppo (legacy step-based PPO with a value head, the default) or grpo (group-relative, no value head)"})
+    max_staleness: int = field(
+        default=0,
+        metadata={"help": "0: play each step's episodes before it (legacy). K >= 1 (--engine vllm): play the next batches while the trainer "
+                          "steps, no turn trained into weights more than K versions newer than those that sampled it"},
+    )
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"--algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}.")
+        if self.max_staleness < 0:
+            raise ValueError(f"--max_staleness must be >= 0 (0: episodes played in step), got {self.max_staleness}.")
         self.check_grpo_arguments()
 
     def grpo_arguments(self) -> dict[str, Any]:

@@ -6,8 +6,8 @@ Fields: `step`, `prompt` (the chat-template text of every message before the fin
 documents this field but stopped writing it), `finish_reason`, `error` (`null` or
 ``{"stage", "type", "message"}``), `env` and `row_index`; when the engine reports log-probabilities (the
 vLLM backend), also `turn_logprobs`: per model turn, the log-probability of each generated token (`null`
-for a turn without them). Values that JSON cannot hold are written as
-their `repr`.
+for a turn without them); in a training loop, `turn_policy_versions`: per model turn, the version of the
+weights that sampled it. Values that JSON cannot hold are written as their `repr`.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ class GymEpisode:
         turn_finish_reasons (`list[str]`): how each model turn ended (`"eos"`, `"stop"`, `"length"`).
         turn_logprobs (`list`): for each model turn, the engine's log-probability of each generated token
             (a list of floats), or `None` when the engine reported none (the in-process engine).
+        turn_policy_versions (`list`): for each model turn, the version of the weights that sampled it (the
+            training loop's count of optimizer steps; `None` outside a training loop).
         tool_calls_cut (`int`): model turns that reached `max_new_tokens` inside a tool call (the call could not
             be read, and the env was told so).
         closed (`bool`): the env's `close()` ran (or no env was created).
@@ -62,6 +64,7 @@ class GymEpisode:
     errors: List[Dict[str, Any]] = field(default_factory=list)
     turn_finish_reasons: List[str] = field(default_factory=list)
     turn_logprobs: List[Optional[List[float]]] = field(default_factory=list)
+    turn_policy_versions: List[Optional[int]] = field(default_factory=list)
     tool_calls_cut: int = 0
     closed: bool = True
     step: int = 0

@@ -148,6 +148,7 @@ class GymPlay(Episode):
         self.result.num_turns = self.turns
         self.result.turn_finish_reasons.append(completion.finish_reason)
         self.result.turn_logprobs.append(completion.logprobs.tolist() if completion.logprobs is not None else None)
+        self.result.turn_policy_versions.append(completion.policy_version)
         self._checked("generate", lambda: self.transcript.add_reply(completion, self.prompt), self.turns)
         self._count_cut_tool_call(completion)
         outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages), self.turns)
@@ -233,7 +234,7 @@ class GymPlay(Episode):
 
 def completion_record(episode: GymEpisode) -> Dict[str, Any]:
     """The `completions.jsonl` line of an episode; `final_reward` only when the env gave one, `turn_logprobs`
-    only when the engine reported some, `tool_calls_cut` only when a turn was cut inside a tool call."""
+    only when the engine reported some, `turn_policy_versions` only in a training loop, `tool_calls_cut` only when a turn was cut inside a tool call."""
     record = {
         "step": episode.step,
         "prompt": episode.prompt,
@@ -254,6 +255,8 @@ def completion_record(episode: GymEpisode) -> Dict[str, Any]:
         record["final_reward"] = episode.final_reward
     if any(logprobs is not None for logprobs in episode.turn_logprobs):
         record["turn_logprobs"] = episode.turn_logprobs
+    if any(version is not None for version in episode.turn_policy_versions):
+        record["turn_policy_versions"] = episode.turn_policy_versions
     if episode.tool_calls_cut:
         record["tool_calls_cut"] = episode.tool_calls_cut
     return record

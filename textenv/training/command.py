@@ -174,8 +174,11 @@ def resume(trainer, episodes, run: RunArguments) -> int:
     rank = trainer.accelerator.process_index
     if len(sources) != trainer.accelerator.num_processes:
         raise ValueError(f"{path} was saved by {len(sources)} processes; resume it with as many (now {trainer.accelerator.num_processes}).")
-    episodes.load_state_dict(sources[rank])
-    logger.info(f"resumed from {path} after {state['step']} steps")
+    if sources[rank] is not None:
+        episodes.load_state_dict(sources[rank])
+    ahead = int(state.get("run", {}).get("episodes_ahead", 0))
+    discarded = f"; {ahead} episodes that were played ahead of training when it was saved are discarded (their tasks are played again)" if ahead else ""
+    logger.info(f"resumed from {path} after {state['step']} steps{discarded}")
     return int(state["step"])
 
 
@@ -273,13 +276,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         synced = "" if log.weight_sync_seconds is None else f" weight_sync={log.weight_sync_seconds:.2f}s"
         logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}{synced}")
         if run.save_steps and (log.step + 1) % run.save_steps == 0:
-            sources = gather_object([episodes.state_dict()])  # one per process, in rank order
-            folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), {"sources": sources})
-            logger.info(f"checkpoint: {folder}")
+            sources = gather_object([log.source_state])  # one per process, in rank order, as of this step's batch
+            extra = {"sources": sources, "episodes_ahead": log.episodes_ahead}
+            folder = save_checkpoint(trainer, output_dir / checkpoint_name(log.step + 1), extra)
+            ahead = f" ({log.episodes_ahead} episodes played ahead are discarded if it is resumed)" if log.episodes_ahead else ""
+            logger.info(f"checkpoint: {folder}{ahead}")
 
     steps = options.ppo.total_ppo_epochs
     run_dir = output_dir if trainer.accelerator.is_main_process else None  # episodes.jsonl, steps.jsonl: rank 0's
-    logs = train(trainer, episodes, steps, on_step=on_step, progress=not options.command.no_progress, start_step=start_step, run_dir=run_dir)
+    logs = train(trainer, episodes, steps, on_step=on_step, progress=not options.command.no_progress, start_step=start_step, run_dir=run_dir,
+                 max_staleness=options.algorithm.max_staleness)
     check_ranks_agree(trainer)
     trainer.save_pretrained(str(output_dir / "final"))  # every process calls it; the main one writes
     trainer.accelerator.end_training()

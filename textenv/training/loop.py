@@ -13,18 +13,27 @@ Every step, top to bottom, with a `PPOTrainer` (legacy PPO, the default) or a `G
    `run_dir/episodes.jsonl` and its figures to `run_dir/steps.jsonl` (what `textenv view` shows);
 5. `on_step(log)` is called with it.
 
+With ``max_staleness=K >= 1`` (rollouts on vLLM) step 1 plays ahead: a rollout thread plays the next batches
+while the trainer steps, no turn more than K policy versions older than the weights it is trained into, and
+after each step the new weights go to the servers between turns (`textenv.training.overlap`). ``K=0`` (the
+default) is the loop above, one step after the other, exactly.
+
 Printing, plotting and argument parsing belong to the callers (`textenv.demo`, `textenv.cli`, the examples).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from textenv.training.overlap import EpisodePipeline, staleness
 from textenv.training.sources import EpisodeBatch, EpisodeSource
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,10 +49,21 @@ class StepLog:
         episode_seconds (`float`): wall time of playing the episodes.
         ppo_seconds (`float`): wall time of the trainer's `step` (PPO or GRPO).
         weight_sync_seconds (`float`, *optional*): wall time of sending the policy's weights to the vLLM
-            server(s) before this step's episodes (`None` on the in-process engine, which reads them live);
-            also in `stats` as `time/weight_sync`.
+            server(s) (`None` on the in-process engine, which reads them live): before this step's episodes, or
+            with ``max_staleness >= 1`` after this step; also in `stats` as `time/weight_sync`.
         stats (`dict`): every statistic the trainer's `step` returned.
         batch (`EpisodeBatch`): the episodes trained on, with their tokens, scores, masks and texts.
+        staleness_mean / staleness_max (`float` / `int`): over the batch's model turns, how many policy versions
+            older than the weights trained (this step's) the weights that sampled each turn were (0 in step).
+        wait_seconds (`float`): time the trainer waited for the batch played ahead (0 with ``max_staleness=0``,
+            where `episode_seconds` is the time playing it).
+        pause_seconds (`float`): with ``max_staleness >= 1``, time the servers served no turns for the weight
+            update after this step (waiting for the turns in flight, then the sync); 0 otherwise.
+        episodes_dropped (`int`): episodes played and never trained on (counted when the loop stops).
+        episodes_ahead (`int`): episodes played or in flight for later steps when this step's batch was handed
+            over (a checkpoint saved now discards them on resume).
+        source_state (`dict`, *optional*): the episode source's `state_dict()` as of this step's batch (what a
+            checkpoint of this step resumes from).
     """
 
     step: int
@@ -55,6 +75,13 @@ class StepLog:
     stats: dict[str, Any] = field(repr=False)
     batch: EpisodeBatch = field(repr=False)
     weight_sync_seconds: float | None = None
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    wait_seconds: float = 0.0
+    pause_seconds: float = 0.0
+    episodes_dropped: int = 0
+    episodes_ahead: int = 0
+    source_state: dict | None = field(default=None, repr=False)
 
 
 def train(
@@ -67,6 +94,7 @@ def train(
     progress: bool = True,
     start_step: int = 0,
     run_dir: str | Path | None = None,
+    max_staleness: int = 0,
 ) -> list[StepLog]:
     """Run `steps` training steps on episodes from `episodes`.
 
@@ -83,6 +111,13 @@ def train(
         run_dir (`str` or `Path`, *optional*): append every step's episodes and figures to
             `run_dir/episodes.jsonl` and `run_dir/steps.jsonl`, crash-safe, for `textenv view` (see
             `textenv.view.RunRecorder`). `None` (default): write nothing.
+        max_staleness (`int`, defaults to 0): 0 plays each step's episodes before the step, with its weights.
+            K >= 1 plays the next batches while the trainer steps (vLLM engine only): no turn is trained into
+            weights more than K versions newer than those that sampled it. Pair it with the trainer's
+            ``vllm_importance_sampling_correction`` (a warning says so otherwise).
+
+    Raises:
+        ValueError: `max_staleness` is negative, or at least 1 with an engine that cannot play beside training.
 
     Returns:
         One `StepLog` per step that ran.
@@ -92,8 +127,12 @@ def train(
     logs: list[StepLog] = []
     started = time.perf_counter()
     group_size = _group_size(trainer)
+    if max_staleness:
+        _warn_if_uncorrected(trainer, max_staleness)
     bar = tqdm(range(start_step, steps), desc="GRPO" if group_size else "PPO", unit="step", disable=not progress, initial=start_step, total=steps)
-    with _recorder(run_dir, trainer) as recorder:
+    pipeline = EpisodePipeline(episodes, steps, start_step=start_step, max_staleness=max_staleness, num_generations=group_size,
+                               batch_size=trainer.config.batch_size)
+    with _recorder(run_dir, trainer) as recorder, pipeline:
         for step in bar:
             if deadline is not None and logs:
                 mean_step_seconds = (time.perf_counter() - started) / len(logs)
@@ -101,38 +140,66 @@ def train(
                     break
 
             trainer.model.eval()  # the PPO step leaves the policy in train mode
-            episodes_started = time.perf_counter()
-            syncs_before = _sync_seconds(episodes)
-            batch = episodes.collect(step, num_generations=group_size) if group_size else episodes.collect(step)
-            weight_sync_seconds = None if syncs_before is None else sum(_sync_seconds(episodes)[len(syncs_before):])
+            arrival = pipeline.next_batch(step)
+            batch = arrival.batch
             ppo_started = time.perf_counter()
             stats = trainer.step(batch.queries, batch.responses, batch.scores, batch.masks, **_step_arguments(trainer, batch))
             ppo_seconds = time.perf_counter() - ppo_started
-            if weight_sync_seconds is not None:
-                stats["time/weight_sync"] = weight_sync_seconds
-            trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
-            if trainer.config.log_with == "tensorboard":
-                trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
-
+            published = pipeline.publish(step + 1)
             log = StepLog(
                 step=step,
                 reward_mean=batch.reward_mean,
                 kl=float(stats["objective/kl"]),
                 kl_coef=float(stats["objective/kl_coef"]),
-                episode_seconds=ppo_started - episodes_started,
+                episode_seconds=arrival.episode_seconds,
                 ppo_seconds=ppo_seconds,
                 stats=stats,
                 batch=batch,
-                weight_sync_seconds=weight_sync_seconds,
+                weight_sync_seconds=arrival.weight_sync_seconds if published is None else published[1],
+                wait_seconds=arrival.wait_seconds,
+                pause_seconds=0.0 if published is None else sum(published),
+                episodes_ahead=arrival.episodes_ahead,
+                source_state=arrival.source_state,
             )
+            log.staleness_mean, log.staleness_max = staleness(batch, step)
+            _add_loop_stats(stats, log, max_staleness)
+            trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
+            if trainer.config.log_with == "tensorboard":
+                trainer.accelerator.log({"episodes": batch.markdown_table()}, step=trainer.current_step)
             logs.append(log)
             bar.set_postfix(reward=f"{log.reward_mean:.2f}", kl=f"{log.kl:.2f}")  # nan: GRPO without a reference
             if recorder is not None:
                 recorder.record_step(log)
             if on_step is not None:
                 on_step(log)
+    if logs:
+        logs[-1].episodes_dropped = pipeline.episodes_dropped
     bar.close()
     return logs
+
+
+def _add_loop_stats(stats: dict, log: StepLog, max_staleness: int) -> None:
+    """The loop's own figures among the trainer's statistics: the weight sync (when one ran) and, with rollouts
+    played ahead, the staleness and the waits (in step they are 0, and the statistics stay the trainer's)."""
+    if log.weight_sync_seconds is not None:
+        stats["time/weight_sync"] = log.weight_sync_seconds
+    if max_staleness:
+        stats.update({
+            "rollout/staleness_mean": log.staleness_mean,
+            "rollout/staleness_max": log.staleness_max,
+            "time/trainer_wait": log.wait_seconds,
+            "time/server_pause": log.pause_seconds,
+            "rollout/episodes_ahead": log.episodes_ahead,
+        })
+
+
+def _warn_if_uncorrected(trainer, max_staleness: int) -> None:
+    if not getattr(trainer.config, "vllm_importance_sampling_correction", False):
+        logger.warning(
+            f"max_staleness={max_staleness}: episodes may be sampled by weights up to {max_staleness} steps older than those "
+            "they train, and vllm_importance_sampling_correction is off, so the loss treats them as on-policy. Turn it on "
+            "(--vllm_importance_sampling_correction) to weight each token by the trainer's over the sampler's probability."
+        )
 
 
 def _group_size(trainer) -> int | None:
@@ -143,20 +210,12 @@ def _group_size(trainer) -> int | None:
 
 
 def _step_arguments(trainer, batch: EpisodeBatch) -> dict[str, Any]:
-    """`trainer.step`'s arguments beyond the four: GRPO's ``truncated``; PPO's ``rollout_logprobs`` when its
-    config asks for the importance-sampling correction."""
-    if _group_size(trainer):
-        return {"truncated": batch.truncated()}
+    """`trainer.step`'s arguments beyond the four: GRPO's ``truncated``; the engine's log-probabilities of the
+    responses (``rollout_logprobs``) when the config asks for the importance-sampling correction."""
+    arguments: dict[str, Any] = {"truncated": batch.truncated()} if _group_size(trainer) else {}
     if getattr(trainer.config, "vllm_importance_sampling_correction", False):
-        return {"rollout_logprobs": batch.rollout_logprobs()}
-    return {}
-
-
-def _sync_seconds(episodes: EpisodeSource) -> list[float] | None:
-    """The seconds of every weight sync so far of the engine `episodes` plays on (`None`: it never syncs)."""
-    front_end = getattr(episodes, "env", None) or getattr(episodes, "scheduler", None)
-    seconds = getattr(getattr(front_end, "engine", None), "sync_seconds", None)
-    return list(seconds) if seconds is not None else None
+        arguments["rollout_logprobs"] = batch.rollout_logprobs()
+    return arguments
 
 
 def _recorder(run_dir: str | Path | None, trainer) -> Any:

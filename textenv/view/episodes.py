@@ -13,7 +13,10 @@ An episode record holds:
 - `tokens`: ``{"ids", "mask", "text", "prompt_length"}`` (the exact ids, 1 on model tokens, each token as
   `tokenizer.convert_ids_to_tokens` spells it, as `show_tokens` prints it, and the number of prompt tokens
   at the start), or `None` when the episode has no tokens (a `completions.jsonl` line);
-- `trajectory_id` for Gym episodes.
+- `trajectory_id` for Gym episodes;
+- `policy_versions`: per model turn, the version of the weights that sampled it (the training loop's count of
+  optimizer steps; `None` where unknown), when any is known. With rollouts overlapping training
+  (``max_staleness``) an episode's turns may come from several versions.
 """
 
 from __future__ import annotations
@@ -54,9 +57,21 @@ def episode_record(episode: Any, step: int, phase: str, reward: Optional[float] 
     else:
         record = gym_record(episode, tokenizer)
     record = {"step": int(step), "phase": phase, **record}
+    versions = policy_versions(episode)
+    if any(version is not None for version in versions):
+        record["policy_versions"] = versions
     if reward is not None:
         record["reward"] = float(reward)
     return record
+
+
+def policy_versions(episode: Any) -> List[Optional[int]]:
+    """Per model turn, the version of the weights that sampled it, of any kind of episode `episode_record` takes."""
+    if isinstance(episode, TextHistory):
+        return episode.policy_versions
+    if isinstance(episode, Mapping):
+        return list(episode.get("turn_policy_versions") or [])
+    return list(getattr(episode, "turn_policy_versions", []))
 
 
 # ---------------------------------------------------------------------------------------- TextHistory

@@ -204,6 +204,10 @@
     facts.appendChild(el("span", { class: "kind-reward", id: "episode-reward" }, `Reward: ${fmt(episode.reward)}`));
     facts.appendChild(document.createTextNode(`  finish: ${finishOf(episode)}`));
     if (episode.trajectory_id) facts.appendChild(document.createTextNode(`  trajectory: ${episode.trajectory_id}`));
+    if (episode.policy_versions && episode.policy_versions.length) {
+      const versions = episode.policy_versions.map((version) => (version === null ? "?" : String(version))).join(", ");
+      facts.appendChild(el("span", { id: "episode-versions" }, `  policy versions: ${versions}`));
+    }
     detail.appendChild(facts);
     if (episode.error) detail.appendChild(el("p", { class: "has-error", id: "episode-error" }, `Error: ${episode.error}`));
     detail.appendChild(legend());

@@ -5,7 +5,10 @@ A run directory holds
 - `episodes.jsonl`: one line per episode (see `textenv.view.episodes`): every episode a PPO step trained on
   (phase ``"train"``) and the evaluation episodes recorded with `record_episodes`;
 - `steps.jsonl`: one line per PPO step: `step`, `reward_mean`, `accuracy`, `kl`, `kl_coef`, `episodes`,
-  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `episode_seconds`, `ppo_seconds`, `time` (unix).
+  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `episode_seconds`, `ppo_seconds`, `time` (unix),
+  and the rollouts' overlap with training (`textenv.training.train(max_staleness=...)`; all 0 in step):
+  `wait_seconds` (the trainer waiting for episodes), `pause_seconds` (the servers paused for the weight update),
+  `staleness_mean` and `staleness_max` (policy versions between the turns' weights and the trained ones).
 
 Every line is written by `CompletionsLog`: one `os.write` on an `O_APPEND` descriptor, so a crash leaves
 whole lines only (a torn last line is skipped by `read_completions`). Each line also has `run`, an id of
@@ -144,6 +147,10 @@ class RunRecorder:
             "kl_coef": log.kl_coef,
             "episode_seconds": log.episode_seconds,
             "ppo_seconds": log.ppo_seconds,
+            "wait_seconds": getattr(log, "wait_seconds", 0.0),
+            "pause_seconds": getattr(log, "pause_seconds", 0.0),
+            "staleness_mean": getattr(log, "staleness_mean", 0.0),
+            "staleness_max": getattr(log, "staleness_max", 0),
             "time": time.time(),
             "run": self.run_id,
         }

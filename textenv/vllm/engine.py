@@ -12,6 +12,9 @@ reason, and the server's log-probability of each id.
 - At first use the servers are checked: same tokenizer as the trainer's, and a model whose log-probabilities
   on a probe text match the trainer's model (after the first sync when syncing is on).
 - A server that fails a request after its retries fails that episode's turn only (the driver records it).
+- Every turn passes a `ServingGate`: it is served whole by one version of the weights, and its `Completion`
+  says which (`policy_version`). While rollouts overlap training, the loop turns `auto_sync` off and calls
+  `publish_weights(version)` after each step: pause new turns, wait for those in flight, sync, resume.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from textenv.engine.unwrapping import decoding_model, unwrap_model
 from textenv.padding import ensure_pad_token
 from textenv.vllm.checks import check_served_model
 from textenv.vllm.client import VLLMServerClient
+from textenv.vllm.gate import ServingGate
 from textenv.vllm.weights import WeightSync
 
 logger = logging.getLogger(__name__)
@@ -88,6 +92,22 @@ class VLLMEngine:
         self._lock = threading.Lock()
         self._synced_fingerprint: Any = None
         self._checked = False
+        self.gate = ServingGate()
+        self.auto_sync = True  # prepare() sends changed weights; off while rollouts overlap training
+
+    @property
+    def policy_version(self) -> int | None:
+        """The version of the weights the servers hold, stamped on every `Completion`."""
+        return self.gate.version
+
+    @policy_version.setter
+    def policy_version(self, version: int | None) -> None:
+        self.gate.version = version
+
+    @property
+    def supports_overlap(self) -> bool:
+        """Rollouts can run beside training: the servers hold their own copy of the weights."""
+        return self.weight_sync is not None
 
     @property
     def decoding_path(self) -> VLLMPath:
@@ -112,8 +132,8 @@ class VLLMEngine:
         stream = getattr(episode, "random_stream", None)
         request = self._sampling(len(context_ids), stop_strings, generation_kwargs, stream)
         prompt = context_ids.detach().to("cpu").tolist()
-        served = await loop.run_in_executor(self._pool, self.clients[server].complete, prompt, request)
-        return self._completion(served, context_ids.device)
+        served, version = await loop.run_in_executor(self._pool, self._served_turn, server, prompt, request)
+        return self._completion(served, version, context_ids.device)
 
     def generate_batch(self, contexts: Sequence[torch.Tensor], stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
                        batch_size: int | None = None, stop_at_eos: bool = True) -> list[Completion]:
@@ -126,9 +146,8 @@ class VLLMEngine:
         futures = []
         for index, context in enumerate(contexts):
             request = self._sampling(len(context), stop_strings, generation_kwargs, None)
-            client = self.clients[index % len(self.clients)]
-            futures.append(self._pool.submit(client.complete, context.detach().to("cpu").tolist(), request))
-        return [self._completion(future.result(), context.device) for future, context in zip(futures, contexts)]
+            futures.append(self._pool.submit(self._served_turn, index % len(self.clients), context.detach().to("cpu").tolist(), request))
+        return [self._completion(*future.result(), context.device) for future, context in zip(futures, contexts)]
 
     def end_episode(self, episode: Hashable) -> None:
         with self._lock:
@@ -145,11 +164,11 @@ class VLLMEngine:
     def prepare(self) -> None:
         """Check the servers (first call) and send the weights if they changed since the last sync."""
         with self._lock:
-            model = decoding_model(self.model)
-            fingerprint = parameters_fingerprint(model)
-            if self.weight_sync is not None and fingerprint != self._synced_fingerprint:
-                self.weight_sync.sync(self.model)
-            self._synced_fingerprint = fingerprint
+            if self.auto_sync:
+                fingerprint = parameters_fingerprint(decoding_model(self.model))
+                if self.weight_sync is not None and fingerprint != self._synced_fingerprint:
+                    self.weight_sync.sync(self.model)
+                self._synced_fingerprint = fingerprint
             if self.check_model and not self._checked:
                 for client in self.clients:
                     check_served_model(client, unwrap_model(self.model), self.tokenizer, synced=self.weight_sync is not None)
@@ -163,6 +182,22 @@ class VLLMEngine:
             seconds = self.weight_sync.sync(self.model)
             self._synced_fingerprint = parameters_fingerprint(decoding_model(self.model))
         return seconds
+
+    def publish_weights(self, version: int) -> tuple[float, float]:
+        """Load the policy's current weights into the servers as `version`, between turns: new turns wait,
+        those in flight finish on the old weights, then the weights are sent and the prefix caches dropped.
+
+        Returns:
+            `(pause_seconds, sync_seconds)`: the wait for the turns in flight, and the sync itself.
+        """
+        pause_seconds = self.gate.pause()
+        synced = False
+        try:
+            sync_seconds = self.sync_weights()
+            synced = True
+        finally:
+            self.gate.resume(version if synced else None)
+        return pause_seconds, sync_seconds
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -189,11 +224,16 @@ class VLLMEngine:
             raise ValueError(f"The vLLM backend does not implement the generation setting {setting}; remove it from generation_kwargs.")
         return vllm_sampling(settings, tuple(stop_strings), _seed(stream) if settings.do_sample else None)
 
-    def _completion(self, served, device: torch.device) -> Completion:
+    def _served_turn(self, server: int, prompt: list[int], request: dict[str, Any]) -> tuple[Any, int | None]:
+        """One request to `server`, through the gate: `(the served turn, the version that served it)`."""
+        with self.gate.turn() as version:
+            return self.clients[server].complete(prompt, request), version
+
+    def _completion(self, served, version: int | None, device: torch.device) -> Completion:
         token_ids = torch.tensor(served.token_ids, dtype=torch.long, device=device)
         logprobs = torch.tensor(served.logprobs, dtype=torch.float32, device=device)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        return Completion(token_ids=token_ids, text=text, finish_reason=served.finish_reason, logprobs=logprobs)
+        return Completion(token_ids=token_ids, text=text, finish_reason=served.finish_reason, logprobs=logprobs, policy_version=version)
 
 
 def vllm_sampling(settings: SamplingSettings, stop_strings: tuple[str, ...], seed: int | None) -> dict[str, Any]:
