@@ -211,3 +211,18 @@ def test_the_notebook_iframe_runs_the_page(browser, runs):
     frame.click('#episode-rows tr[data-id="0"]')
     assert frame.locator("#segments .segment").count() == len(expected_episodes(runs["text"])[0]["segments"])
     page.close()
+
+
+def test_an_episode_shows_the_policy_versions_of_its_turns(open_page, runs, tmp_path):
+    import json
+
+    lines = (runs["text"] / "episodes.jsonl").read_text().splitlines()
+    record = {**json.loads(lines[0]), "policy_versions": [3, 4]}  # a turn of version 3, then one after the update to 4
+    run = tmp_path / "versions"
+    run.mkdir()
+    (run / "episodes.jsonl").write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    page = open_page(run)
+    page.click('#episode-rows tr[data-id="0"]')
+    assert page.inner_text("#episode-versions").strip() == "policy versions: 3, 4"
+    page.click('#episode-rows tr[data-id="1"]')
+    assert page.locator("#episode-versions").count() == 0
