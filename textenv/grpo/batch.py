@@ -65,6 +65,16 @@ def pad_group_batch(
     return GroupBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask).to(device)
 
 
+def pad_rollout_logprobs(rollout_logprobs: Sequence[torch.Tensor], batch: GroupBatch) -> torch.Tensor:
+    """`[B, T]`: the inference engine's log-probability of each response token where `batch` has that token
+    (response `i`'s token `j` at ``[i, j]``, packed or not: `response_logprobs` places its results there too),
+    NaN on the padding."""
+    padded = torch.full(batch.completion_ids.shape, float("nan"), device=batch.completion_ids.device)
+    for row, logprobs in enumerate(rollout_logprobs):
+        padded[row, : len(logprobs)] = logprobs.to(padded.device)
+    return padded
+
+
 def response_logprobs(
     model, batch: GroupBatch, temperature: float = 1.0, with_entropy: bool = False, packed_config=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from textenv import off_policy
 from textenv.ppo.config import _script_name
 
 ALGORITHMS = ("ppo", "grpo")
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+OFF_POLICY_SETTINGS = ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+                       "vllm_importance_sampling_clip_min", "off_policy_objective", "behave_imp_weight_cap")
 
 
 @dataclass
@@ -108,9 +111,20 @@ class GRPOConfig(GRPOArguments):
     through the model once, forward and backward, with the LM head on the response positions only (same losses
     and gradients to float rounding; see `textenv.ppo.packing`); False runs the padded rows, as TRL does.
 
+    Off-policy correction (TRL 1.16's names and defaults, but off by default: textenv's episodes need not come
+    from vLLM): `vllm_importance_sampling_correction=True` multiplies each token's clipped policy loss (not the KL
+    term) by an importance weight of ``exp(old - rollout)``, the trainer's old log-probability (the weights before
+    the step; on-policy, its own detached ones) over the engine's, ``step(..., rollout_logprobs=...)`` (required
+    then). `vllm_importance_sampling_mode` (``"token_truncate"``, ``"token_mask"``, ``"sequence_truncate"``,
+    ``"sequence_mask"``) says how, within ``[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]``
+    (``None``: unbounded on that side). `off_policy_objective="decoupled"`: AReaL's decoupled PPO objective
+    instead: the old log-probabilities always from a no-grad pass before optimisation (the proximal policy), the
+    weight masked to 0 above `behave_imp_weight_cap`. See `textenv.off_policy`.
+
     Raises:
         ValueError: a GRPO setting is out of range, `batch_size` is not a multiple of `num_generations`, or
-            `batch_size` does not split into optimizer steps of `gradient_accumulation_steps` whole mini-batches.
+            `batch_size` does not split into optimizer steps of `gradient_accumulation_steps` whole mini-batches,
+            or an off-policy setting is out of range (`textenv.off_policy.check_settings`).
     """
 
     exp_name: str = field(default_factory=_script_name)
@@ -129,9 +143,16 @@ class GRPOConfig(GRPOArguments):
     gradient_accumulation_steps: Optional[int] = None
     temperature: float = 1.0
     share_prompt_prefix: bool = True
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: Optional[float] = 3.0
+    vllm_importance_sampling_clip_min: Optional[float] = None
+    off_policy_objective: str = "importance_sampling"
+    behave_imp_weight_cap: float = 5.0
 
     def __post_init__(self) -> None:
         self.check_grpo_arguments()
+        off_policy.check_settings(self)
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the sampling temperature of the episodes), got {self.temperature}.")
         if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
@@ -162,6 +183,12 @@ class GRPOConfig(GRPOArguments):
         return self.num_iterations == 1 and self.gradient_accumulation_steps == self.mini_batches
 
     @property
+    def computes_old_logprobs(self) -> bool:
+        """Whether a step runs a no-grad pass for the old log-probabilities: off-policy, or the decoupled
+        objective's proximal policy."""
+        return not self.on_policy or off_policy.needs_proximal_pass(self)
+
+    @property
     def total_steps(self) -> int:
         """Training steps: ``ceil(steps / batch_size)`` (as `PPOConfig.total_ppo_epochs`)."""
         return -(-self.steps // self.batch_size)
@@ -172,12 +199,13 @@ class GRPOConfig(GRPOArguments):
     @classmethod
     def from_ppo_config(cls, ppo_config, grpo_arguments: dict[str, Any], temperature: float = 1.0) -> "GRPOConfig":
         """The GRPO configuration of a run whose shared settings (seed, learning rate, batch sizes, steps, tracking,
-        accelerator) are in a `PPOConfig`, as `textenv train` parses them. Gradients are clipped to the PPO
+        accelerator, the off-policy correction) are in a `PPOConfig`, as `textenv train` parses them (so the
+        correction's defaults there are PPO's: ``"token_truncate"``, clip max 2.0). Gradients are clipped to the PPO
         config's `max_grad_norm` when it sets one, else to GRPO's default 1.0 (legacy PPO's default is no
         clipping). `temperature`: the episodes' sampling temperature (0, greedy, counts as 1)."""
         shared = ("exp_name", "seed", "learning_rate", "batch_size", "mini_batch_size", "steps", "log_with",
                   "tracker_kwargs", "accelerator_kwargs", "project_kwargs", "gradient_checkpointing", "tracker_project_name",
-                  "share_prompt_prefix")
+                  "share_prompt_prefix") + OFF_POLICY_SETTINGS
         values = {name: getattr(ppo_config, name) for name in shared}
         if ppo_config.max_grad_norm is not None:
             values["max_grad_norm"] = ppo_config.max_grad_norm

@@ -48,7 +48,12 @@ def group_advantages(
 
 
 def clipped_token_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token, with the episode's advantage on every token.
 
@@ -57,14 +62,20 @@ def clipped_token_loss(
         old_logprobs (`torch.Tensor` of shape `[B, T]`): those of the policy that sampled them.
         advantages (`torch.Tensor` of shape `[B]`): one advantage per episode.
         epsilon_low (`float`), epsilon_high (`float`): the ratio is clipped to `[1 - epsilon_low, 1 + epsilon_high]`.
+        importance_weights (`torch.Tensor` of shape `[B, T]`, *optional*): the off-policy correction's weights
+            (`textenv.off_policy`, no gradient), multiplying each token's loss as TRL's
+            ``per_token_loss * importance_sampling_ratio``.
 
     Returns:
-        `(per_token_loss, ratio)`, both `[B, T]`: ``-min(ratio * A, clip(ratio) * A)`` and ``exp(logprobs - old_logprobs)``.
+        `(per_token_loss, ratio)`, both `[B, T]`: ``-min(ratio * A, clip(ratio) * A)`` (times the weights) and
+        ``exp(logprobs - old_logprobs)``.
     """
     advantages = advantages.unsqueeze(1)  # [B, 1]
     ratio = torch.exp(logprobs - old_logprobs)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    if importance_weights is not None:
+        per_token_loss = per_token_loss * importance_weights
     return per_token_loss, ratio
 
 

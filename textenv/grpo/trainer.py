@@ -5,12 +5,13 @@ The same episodes and masks as `PPOTrainer.step`, a plain causal LM (no value he
 
 1. rewards `[B]` -> group-relative advantages `[B]` (groups: consecutive runs of ``num_generations``);
 2. the rows padded as TRL does (`textenv.grpo.batch`); truncated episodes masked out on request;
-3. off-policy only (several optimizer steps or passes per batch): the old log-probabilities, without gradient;
-   ``beta > 0`` only: the reference's log-probabilities;
-4. ``num_iterations`` passes over shuffled mini-batches: clipped per-token loss (+ beta * KL), aggregated per
+3. off-policy only (several optimizer steps or passes per batch, or the decoupled objective): the old
+   log-probabilities, without gradient; ``beta > 0`` only: the reference's log-probabilities;
+4. ``num_iterations`` passes over shuffled mini-batches: clipped per-token loss (times the off-policy correction's
+   importance weights, `textenv.off_policy`, when it is on) (+ beta * KL), aggregated per
    ``loss_type``, gradients accumulated over ``gradient_accumulation_steps`` mini-batches, clipped, one
    optimizer step;
-5. statistics: reward and advantage per group, clip fractions, entropy, KL, timings.
+5. statistics: reward and advantage per group, clip fractions, entropy, KL, importance weights, timings.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from textenv import off_policy
 from textenv.grpo import core
-from textenv.grpo.batch import GroupBatch, pad_group_batch, response_logprobs
+from textenv.grpo.batch import GroupBatch, pad_group_batch, pad_rollout_logprobs, response_logprobs
 from textenv.grpo.config import GRPOConfig
 from textenv.padding import pad_token_id
 from textenv.ppo import packing
@@ -104,6 +106,7 @@ class GRPOTrainer(TrainerSaving):
         scores: Sequence[torch.Tensor],
         response_masks: Sequence[torch.Tensor] | None = None,
         truncated: Sequence[bool] | None = None,
+        rollout_logprobs: Sequence[torch.Tensor] | None = None,
     ) -> dict:
         """Optimise the policy on one batch of episodes, whole groups of ``num_generations`` in order.
 
@@ -115,12 +118,19 @@ class GRPOTrainer(TrainerSaving):
                 observation tokens (only the 1s are trained); `None`: every response token.
             truncated (`list[bool]`, *optional*): episodes a limit ended; with ``mask_truncated_completions`` they
                 are not trained on (they still count in their group's advantage, as in TRL).
+            rollout_logprobs (`list[torch.Tensor]`, *optional*): `B` 1-D float tensors of each response's length,
+                the inference engine's log-probability of every response token (anything, e.g. NaN, on mask-0
+                tokens), e.g. ``history.response_logprobs()``. Required with
+                ``config.vllm_importance_sampling_correction`` (see `textenv.off_policy`); ignored without it.
 
         Returns:
-            `dict` of statistics (see the module docstring), tensors and numpy arrays.
+            `dict` of statistics (see the module docstring), tensors and numpy arrays; with the correction also
+            ``objective/importance_sampling_ratio_mean``, ``..._ratio_max``, ``..._clipped_frac`` and ``..._masked_frac``.
         """
         config, started = self.config, time.perf_counter()
         _check_step_args(config, queries, responses, scores, response_masks, truncated)
+        if config.vllm_importance_sampling_correction:
+            rollout_logprobs = off_policy.check_rollout_logprobs(rollout_logprobs, responses, response_masks, "GRPOConfig")
         device = self.accelerator.device
         rewards = torch.stack([torch.as_tensor(score, dtype=torch.float32).reshape(()) for score in scores]).to(device)
         if not torch.isfinite(rewards).all():
@@ -133,14 +143,17 @@ class GRPOTrainer(TrainerSaving):
             batch.loss_mask[truncated_rows] = 0.0
 
         timings = {}
-        old_logprobs = None if config.on_policy else self._logprobs_without_grad(self.model, batch, timings, "old_logprobs")
+        old_logprobs = self._logprobs_without_grad(self.model, batch, timings, "old_logprobs") if config.computes_old_logprobs else None
         ref_logprobs = self._reference_logprobs(batch, timings) if config.beta > 0 else None
+        rollout = pad_rollout_logprobs(rollout_logprobs, batch) if config.vllm_importance_sampling_correction else None
         optimise_started = time.perf_counter()
-        totals = self._optimise(batch, advantages, old_logprobs, ref_logprobs)
+        totals = self._optimise(batch, advantages, old_logprobs, ref_logprobs, rollout)
         timings["optimise"] = time.perf_counter() - optimise_started
         self.current_step += 1
 
         stats = self._step_stats(rewards, advantages, std_rewards, batch, totals, truncated_rows)
+        if "importance" in totals:
+            stats.update({name: value.item() for name, value in totals["importance"].reduced(self.accelerator).stats().items()})
         stats.update({f"time/grpo/{name}": seconds for name, seconds in timings.items()})
         stats["time/grpo/total"] = time.perf_counter() - started
         return stats
@@ -172,8 +185,9 @@ class GRPOTrainer(TrainerSaving):
         with self.accelerator.unwrap_model(self.model).disable_adapter():
             return self._logprobs_without_grad(self.model, batch, timings, "reference")
 
-    def _optimise(self, batch: GroupBatch, advantages: torch.Tensor, old_logprobs, ref_logprobs) -> dict:
-        """``num_iterations`` passes of mini-batches with an optimizer step every ``gradient_accumulation_steps``."""
+    def _optimise(self, batch: GroupBatch, advantages: torch.Tensor, old_logprobs, ref_logprobs, rollout_logprobs) -> dict:
+        """``num_iterations`` passes of mini-batches with an optimizer step every ``gradient_accumulation_steps``;
+        ``rollout_logprobs``: `[B, T]` (`pad_rollout_logprobs`) with the off-policy correction, else `None`."""
         config = self.config
         accumulation = config.gradient_accumulation_steps
         tokens = self.accelerator.reduce(batch.loss_mask.sum(), reduction="sum").item()
@@ -189,7 +203,7 @@ class GRPOTrainer(TrainerSaving):
                 closes_window = (index + 1) % accumulation == 0
                 sync = contextlib.nullcontext() if closes_window else self.accelerator.no_sync(self.model)
                 with sync, self.accelerator.autocast():
-                    loss = self._mini_batch_loss(batch.select(rows), rows, advantages, old_logprobs, ref_logprobs, totals,
+                    loss = self._mini_batch_loss(batch.select(rows), rows, advantages, (old_logprobs, ref_logprobs, rollout_logprobs), totals,
                                                  accumulation_steps=accumulation, max_completion_length=max_completion_length,
                                                  tokens_per_optimizer_step=tokens_per_optimizer_step)
                     self.accelerator.backward(loss)
@@ -199,12 +213,16 @@ class GRPOTrainer(TrainerSaving):
                     totals["losses"].append(totals.pop("window_loss"))
         return totals
 
-    def _mini_batch_loss(self, mini_batch: GroupBatch, rows, advantages, old_logprobs, ref_logprobs, totals: dict, **aggregation) -> torch.Tensor:
+    def _mini_batch_loss(self, mini_batch: GroupBatch, rows, advantages, batch_logprobs: tuple, totals: dict, **aggregation) -> torch.Tensor:
+        """The mini-batch's loss; ``batch_logprobs``: the batch's `[B, T]` old, reference and rollout
+        log-probabilities (each `None` when the step has none)."""
         config = self.config
+        old_logprobs, ref_logprobs, rollout_logprobs = batch_logprobs
         logprobs, entropies = response_logprobs(self.model, mini_batch, config.temperature, with_entropy=True, packed_config=self.packed_config)
         old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-        per_token_loss, ratio = core.clipped_token_loss(logprobs, old, advantages[rows], config.epsilon_low, config.upper_epsilon)
         mask = mini_batch.loss_mask
+        weights = self._importance_weights(old, rollout_logprobs[rows], mask, totals) if rollout_logprobs is not None else None
+        per_token_loss, ratio = core.clipped_token_loss(logprobs, old, advantages[rows], config.epsilon_low, config.upper_epsilon, weights)
         if ref_logprobs is not None:
             per_token_kl = core.reference_kl(logprobs, ref_logprobs[rows], ratio if config.use_bias_correction_kl else None)
             per_token_loss = per_token_loss + config.beta * per_token_kl
@@ -214,6 +232,12 @@ class GRPOTrainer(TrainerSaving):
         for name, clipped in core.clip_fractions(ratio.detach(), advantages[rows], mask, config.epsilon_low, config.upper_epsilon).items():
             totals[name] += clipped.item()
         return core.aggregate_loss(per_token_loss, mask, config.loss_type, **aggregation)
+
+    def _importance_weights(self, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, totals: dict) -> torch.Tensor:
+        """The mini-batch's `[mb, T]` importance weights (`textenv.off_policy`); their tally joins ``totals``."""
+        weights, tally = off_policy.importance_weights(old, rollout, mask, off_policy.correction_of(self.config))
+        totals["importance"] = totals["importance"] + tally if "importance" in totals else tally
+        return weights
 
     def _optimizer_step(self) -> None:
         if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:

@@ -9,10 +9,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from textenv import off_policy
 from textenv.extras import require
 from textenv.ppo.utils import flatten_dict
 
 KL_PENALTIES = ("kl", "abs", "mse", "full")
+DEFAULT_CLIP_MAX = 2.0  # the importance weight's upper bound, vllm_importance_sampling_cap's default before it had an alias
 
 
 def _script_name() -> str:
@@ -42,15 +44,22 @@ class PPOConfig:
     pass of the step (reference included) under bf16 autocast, on CPU too; weights, gradients and optimizer
     state stay float32.
 
-    Rollout correction (textenv only, opt-in, off by default; TRL GRPO's names): when the episodes were
-    sampled by another engine (vLLM), its log-probabilities differ from the trainer's own, so the samples are
-    slightly off-policy. ``vllm_importance_sampling_correction=True`` then weights each model token's
-    policy-gradient term by ``w = min(exp(old_logprob - rollout_logprob), vllm_importance_sampling_cap)``
-    (truncated importance sampling, as TRL's GRPO and verl's TIS do), where ``old_logprob`` is the trainer's
-    log-probability from the step's forward pass before optimisation and ``rollout_logprob`` the engine's,
-    given to ``PPOTrainer.step(..., rollout_logprobs=...)`` (required then). The value loss is unchanged.
-    Off (the default), ``rollout_logprobs`` are ignored and ``step`` is legacy's. See
-    `textenv.ppo.rollout_correction` for the statistics it adds.
+    Off-policy correction (textenv only, opt-in, off by default; TRL GRPO's names): when the episodes were
+    sampled by another engine (vLLM), or by older weights while rollouts overlap training, the engine's
+    log-probabilities differ from the trainer's own, so the samples are off-policy.
+    ``vllm_importance_sampling_correction=True`` then weights each model token's policy-gradient term by an
+    importance weight of ``exp(old_logprob - rollout_logprob)``, where ``old_logprob`` is the trainer's
+    log-probability from the step's forward pass before optimisation and ``rollout_logprob`` the engine's, given
+    to ``PPOTrainer.step(..., rollout_logprobs=...)`` (required then). ``vllm_importance_sampling_mode`` says how
+    the ratio becomes a weight (TRL 1.16's ``"token_truncate"``, ``"token_mask"``, ``"sequence_truncate"``,
+    ``"sequence_mask"``; default ``"token_truncate"``: ``min(ratio, clip_max)``, truncated importance sampling as
+    verl's TIS) within ``[vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max]``.
+    ``vllm_importance_sampling_cap`` is the older name of ``vllm_importance_sampling_clip_max``: give either
+    (both: the same value); neither gives 2.0, and after ``__post_init__`` both hold the bound in use (PPO's
+    ``None`` means that default: ``math.inf`` is no upper bound). ``off_policy_objective="decoupled"``: AReaL's
+    decoupled PPO objective instead, the weight masked to 0 above ``behave_imp_weight_cap`` (default 5.0, AReaL's).
+    The value loss is unchanged. Off (the default), ``rollout_logprobs`` are ignored and ``step`` is legacy's. See
+    `textenv.off_policy` for the formulas and the statistics it adds.
 
     Derived fields set in ``__post_init__``: ``backward_batch_size = mini_batch_size *
     gradient_accumulation_steps`` and ``total_ppo_epochs = ceil(steps / batch_size)``; the trainer fills in
@@ -58,7 +67,9 @@ class PPOConfig:
 
     Raises:
         ValueError: ``batch_size`` is not a multiple of ``backward_batch_size``, or ``kl_penalty`` is not
-            one of ``"kl"``, ``"abs"``, ``"mse"``, ``"full"``, or ``vllm_importance_sampling_cap`` is not positive.
+            one of ``"kl"``, ``"abs"``, ``"mse"``, ``"full"``, ``vllm_importance_sampling_cap`` is not positive or
+            differs from ``vllm_importance_sampling_clip_max``, or an off-policy setting is out of range
+            (`textenv.off_policy.check_settings`).
     """
 
     # --- tracking -----------------------------------------------------------------------------------
@@ -111,7 +122,12 @@ class PPOConfig:
     step_in_backward: bool = False
     offload_reference: bool | None = None
     vllm_importance_sampling_correction: bool = False
-    vllm_importance_sampling_cap: float = 2.0
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
+    vllm_importance_sampling_clip_max: float | None = None  # None: vllm_importance_sampling_cap, else DEFAULT_CLIP_MAX
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_cap: float | None = None
+    off_policy_objective: Literal["importance_sampling", "decoupled"] = "importance_sampling"
+    behave_imp_weight_cap: float = 5.0
     # --- filled in by __post_init__ / the trainer ---------------------------------------------------
     is_encoder_decoder: bool | None = None
     is_peft_model: bool | None = None
@@ -139,11 +155,25 @@ class PPOConfig:
             )
         if self.kl_penalty not in KL_PENALTIES:
             raise ValueError(f"`kl_penalty` must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
-        if not self.vllm_importance_sampling_cap > 0:
-            raise ValueError(f"`vllm_importance_sampling_cap` must be positive, got {self.vllm_importance_sampling_cap!r}")
+        self._resolve_clip_max()
+        off_policy.check_settings(self)
         if self.log_with in ("wandb", "tensorboard", "trackio"):
             require(self.log_with, f"log_with={self.log_with!r}")
         self.total_ppo_epochs = int(math.ceil(self.steps / self.batch_size))
+
+    def _resolve_clip_max(self) -> None:
+        """``vllm_importance_sampling_clip_max`` and its older name ``vllm_importance_sampling_cap`` both set to
+        the one upper bound given (`DEFAULT_CLIP_MAX` if neither is)."""
+        cap, clip_max = self.vllm_importance_sampling_cap, self.vllm_importance_sampling_clip_max
+        if cap is not None and not cap > 0:
+            raise ValueError(f"`vllm_importance_sampling_cap` must be positive, got {cap!r}")
+        if cap is not None and clip_max is not None and cap != clip_max:
+            raise ValueError(
+                f"vllm_importance_sampling_cap ({cap}) and vllm_importance_sampling_clip_max ({clip_max}) differ: the "
+                "cap is the older name of the clip max; give one of them (after dataclasses.replace, set both)."
+            )
+        bound = next((value for value in (clip_max, cap) if value is not None), DEFAULT_CLIP_MAX)
+        self.vllm_importance_sampling_cap = self.vllm_importance_sampling_clip_max = bound
 
     def to_dict(self) -> dict:
         """All fields as one flat dictionary (nested dictionaries joined with ``"/"``; empty ones left out, as

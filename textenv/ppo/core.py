@@ -300,7 +300,7 @@ def ppo_losses(
     All tensors are `[mb, T]`; ``logprobs`` and ``vpreds`` carry gradients, ``entropy`` is per-token entropy
     (statistic only). If the masked mean ratio exceeds ``ratio_threshold`` the losses are multiplied by 0
     (the batch is skipped but backward still runs). ``importance_weights`` (optional, no gradient) multiply
-    each token's policy-gradient term (truncated importance sampling, see `textenv.ppo.rollout_correction`);
+    each token's policy-gradient term (the off-policy correction, see `textenv.off_policy`);
     the value loss and the statistics are unchanged.
 
     Returns:

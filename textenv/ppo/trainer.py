@@ -170,12 +170,12 @@ class PPOTrainer(PPOStepMethods, WindowedForwardMixin, StepStatisticsMixin, PPOG
             rollout_logprobs: optional 1-D float tensors of each response's length: the inference engine's
                 log-probability of every response token (anything, e.g. NaN, on mask-0 tokens), e.g.
                 ``history.response_logprobs()``. Required with ``config.vllm_importance_sampling_correction``
-                (truncated importance sampling, see `textenv.ppo.rollout_correction`); ignored without it.
+                (the off-policy correction, see `textenv.off_policy`); ignored without it.
 
         Returns:
             The statistics of legacy TRL (``objective/*``, ``ppo/*``, ``tokens/*``, ``time/*``): numpy arrays,
             and Python floats for single values unless ``log_with="wandb"``; with the correction also
-            ``objective/importance_sampling_ratio_mean``, ``..._ratio_max`` and ``..._clipped_frac``.
+            ``objective/importance_sampling_ratio_mean``, ``..._ratio_max``, ``..._clipped_frac`` and ``..._masked_frac``.
         """
         with self._device_cache_guard():
             return self._step(queries, responses, scores, response_masks, rollout_logprobs)
