@@ -59,6 +59,8 @@ class StepLog:
             where `episode_seconds` is the time playing it).
         pause_seconds (`float`): with ``max_staleness >= 1``, time the servers served no turns for the weight
             update after this step (waiting for the turns in flight, then the sync); 0 otherwise.
+        server_busy_seconds (`float`, *optional*): on vLLM, wall time since the previous step ended during which
+            the servers had a turn in flight (the rest of the step's wall time they idled); `None` otherwise.
         episodes_dropped (`int`): episodes played and never trained on (counted when the loop stops).
         episodes_ahead (`int`): episodes played or in flight for later steps when this step's batch was handed
             over (a checkpoint saved now discards them on resume).
@@ -79,6 +81,7 @@ class StepLog:
     staleness_max: int = 0
     wait_seconds: float = 0.0
     pause_seconds: float = 0.0
+    server_busy_seconds: float | None = None
     episodes_dropped: int = 0
     episodes_ahead: int = 0
     source_state: dict | None = field(default=None, repr=False)
@@ -132,6 +135,7 @@ def train(
     bar = tqdm(range(start_step, steps), desc="GRPO" if group_size else "PPO", unit="step", disable=not progress, initial=start_step, total=steps)
     pipeline = EpisodePipeline(episodes, steps, start_step=start_step, max_staleness=max_staleness, num_generations=group_size,
                                batch_size=trainer.config.batch_size)
+    busy_before = pipeline.server_busy_seconds()
     with _recorder(run_dir, trainer) as recorder, pipeline:
         for step in bar:
             if deadline is not None and logs:
@@ -162,6 +166,8 @@ def train(
                 source_state=arrival.source_state,
             )
             log.staleness_mean, log.staleness_max = staleness(batch, step)
+            busy = pipeline.server_busy_seconds()
+            log.server_busy_seconds, busy_before = (None if busy is None else busy - busy_before), busy
             _add_loop_stats(stats, log, max_staleness)
             trainer.log_stats(stats, {"query": batch.query_texts, "response": batch.response_texts}, batch.scores)
             if trainer.config.log_with == "tensorboard":
@@ -189,6 +195,7 @@ def _add_loop_stats(stats: dict, log: StepLog, max_staleness: int) -> None:
             "rollout/staleness_max": log.staleness_max,
             "time/trainer_wait": log.wait_seconds,
             "time/server_pause": log.pause_seconds,
+            "time/server_busy": log.server_busy_seconds,
             "rollout/episodes_ahead": log.episodes_ahead,
         })
 

@@ -132,6 +132,11 @@ class EpisodePipeline:
             self._changed.notify_all()
         return timings
 
+    def server_busy_seconds(self) -> float | None:
+        """The servers' busy time so far (`ServingGate.busy_seconds`), or `None` on an engine without a gate."""
+        gate = getattr(self.engine, "gate", None)
+        return None if gate is None else gate.busy_seconds
+
     def close(self) -> int:
         """Stop the rollout thread (if any) and return the episodes played ahead that were never trained on."""
         if self._thread is None:

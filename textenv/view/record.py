@@ -8,7 +8,8 @@ A run directory holds
   `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `episode_seconds`, `ppo_seconds`, `time` (unix),
   and the rollouts' overlap with training (`textenv.training.train(max_staleness=...)`; all 0 in step):
   `wait_seconds` (the trainer waiting for episodes), `pause_seconds` (the servers paused for the weight update),
-  `staleness_mean` and `staleness_max` (policy versions between the turns' weights and the trained ones).
+  `staleness_mean` and `staleness_max` (policy versions between the turns' weights and the trained ones), and on
+  vLLM `server_busy_seconds` (since the previous step, time with a turn in flight; `null` on the in-process engine).
 
 Every line is written by `CompletionsLog`: one `os.write` on an `O_APPEND` descriptor, so a crash leaves
 whole lines only (a torn last line is skipped by `read_completions`). Each line also has `run`, an id of
@@ -151,6 +152,7 @@ class RunRecorder:
             "pause_seconds": getattr(log, "pause_seconds", 0.0),
             "staleness_mean": getattr(log, "staleness_mean", 0.0),
             "staleness_max": getattr(log, "staleness_max", 0),
+            "server_busy_seconds": getattr(log, "server_busy_seconds", None),
             "time": time.time(),
             "run": self.run_id,
         }

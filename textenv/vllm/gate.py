@@ -27,6 +27,7 @@ class ServingGate:
         version (`int`, *optional*): the version of the weights the servers hold (the training loop's count of
             optimizer steps; `None` outside a training loop).
         pause_seconds (`list[float]`): how long each pause waited for the turns in flight.
+        busy_seconds (`float`): wall time so far with at least one turn in flight (the servers' busy time).
     """
 
     def __init__(self, version: int | None = None):
@@ -36,6 +37,13 @@ class ServingGate:
         self._in_flight = 0
         self._paused = False
         self._closed = False
+        self._busy_since = 0.0
+        self._busy_total = 0.0
+
+    @property
+    def busy_seconds(self) -> float:
+        with self._changed:
+            return self._busy_total + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[int | None]:
@@ -48,6 +56,8 @@ class ServingGate:
             self._changed.wait_for(lambda: self._closed or not self._paused)
             if self._closed:
                 raise RolloutsStopped("rollouts were stopped: the training loop is ending")
+            if not self._in_flight:
+                self._busy_since = time.perf_counter()
             self._in_flight += 1
             version = self.version
         try:
@@ -55,6 +65,8 @@ class ServingGate:
         finally:
             with self._changed:
                 self._in_flight -= 1
+                if not self._in_flight:
+                    self._busy_total += time.perf_counter() - self._busy_since
                 self._changed.notify_all()
 
     def pause(self) -> float:
