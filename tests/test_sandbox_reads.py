@@ -1,10 +1,12 @@
 """The sandbox confines reads: code run by PythonInterpreter cannot read the answer key, secrets, the
 project's source or its parent's /proc entries, as root and as an ordinary user, also with the audit hook
-off (the kernel layers hold alone); links do not let a read through; no process outlives its call."""
+off (the kernel layers hold alone); links do not let a read through; no process outlives its call; a caller
+whose user already runs many threads can still use the sandbox, whose process limit still holds."""
 
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import site
@@ -326,3 +328,72 @@ def test_as_an_ordinary_user_no_process_outlives_the_call(ordinary_user_runs):
     assert runs["all_layers"]["survivors"] == []
     # The same check sees the grandchild when the PID namespace is off: it can fail.
     assert len(runs["without_pid_namespace"]["survivors"]) == 1
+
+
+# --- as an ordinary user whose uid already runs many tasks -----------------------------------------
+
+BUSY_CALLER_SCRIPT = """
+import json, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from textenv.tools import PythonInterpreter
+limit, one_fork, fork_bomb = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+for _ in range(4 * limit):
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+threads = int([line for line in open("/proc/self/status") if line.startswith("Threads:")][0].split()[1])
+interpreter = PythonInterpreter(timeout=10, max_processes=limit, max_output_chars=20_000, allow_subprocesses=True)
+report = {"caller_threads": threads, "isolation": interpreter.isolation, "simple": interpreter("print(1 + 1)"),
+          "one_fork": interpreter(one_fork)}
+with ThreadPoolExecutor(4) as pool:  # concurrent calls as one user, as pytest-xdist workers make them
+    report["concurrent"] = list(pool.map(interpreter, [one_fork] * 8))
+bomb = interpreter.run(fork_bomb)
+report["fork_bomb"] = {"stdout": bomb.stdout, "stderr": bomb.stderr}
+print(json.dumps(report))
+"""
+ONE_FORK = "import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\nprint(os.waitpid(pid, 0)[1] >> 8)"
+FORK_BOMB = """
+import os, time
+for i in range(300):
+    try:
+        pid = os.fork()
+    except OSError as error:
+        print('fork refused after', i, type(error).__name__)
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    print('child', pid)
+"""
+
+
+@pytest.mark.parametrize("disabled", ["", "user_namespace"], ids=["own_user_namespace", "no_user_namespace"])
+def test_as_an_ordinary_user_already_running_many_tasks_the_sandbox_works_and_bounds_forks(disabled):
+    """A caller like a trainer, whose uid holds 4 * max_processes threads: RLIMIT_NPROC set before the user
+    namespace made each call fail (EAGAIN at the first fork); now it counts the sandbox's tasks only."""
+    user, limit = _ordinary_user(), 16
+    tmpdir = Path("/tmp") / f"textenv-busy-caller-{uuid.uuid4().hex[:8]}"  # a folder that user can reach
+    tmpdir.mkdir()
+    os.chown(tmpdir, user.pw_uid, user.pw_gid)
+    env = {"HOME": user.pw_dir, "PATH": "/usr/bin:/bin", "TMPDIR": str(tmpdir), TEST_DISABLE_VARIABLE: disabled,
+           "PYTHONPATH": str(PROJECT)}
+    try:
+        completed = _run_as(user, [sys.executable, "-c", BUSY_CALLER_SCRIPT, str(limit), ONE_FORK, FORK_BOMB], env)
+        survivors = sandbox_processes(tmpdir)
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["caller_threads"] > 4 * limit  # the uid holds at least these tasks
+    assert (report["simple"], report["one_fork"], report["concurrent"]) == ("2\n", "7\n", ["7\n"] * 8), report
+    forked = re.findall(r"child (\d+)", report["fork_bomb"]["stdout"])
+    assert "fork refused after" in report["fork_bomb"]["stdout"] and survivors == [], report["fork_bomb"]
+    isolation = report["isolation"]
+    if not disabled:
+        assert isolation["missing"] == {} and isolation["process_limit"] == "own user namespace"
+        assert 0 < len(forked) < limit  # the bootstrap and the namespace's init count too
+    else:  # on top of the uid's count at the start: other workers running as this user can shift it
+        assert isolation["process_limit"].startswith("relative (no user namespace)")
+        assert {"process_limit", "pid_namespace"} <= set(isolation["missing"])
+        assert "process_limit (relative (no user namespace)" in completed.stderr  # the construction warning
+        assert 0 < len(forked) < 300

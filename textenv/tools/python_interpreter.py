@@ -58,7 +58,10 @@ class PythonInterpreter:
        the sandbox are refused too.
     5. **Resource limits**: ``RLIMIT_CPU`` (timeout + 1 s), ``RLIMIT_AS`` (``memory_mb``),
        ``RLIMIT_NPROC`` (``max_processes``), ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` (``max_file_mb``),
-       no core dumps; no capabilities, ``PR_SET_NO_NEW_PRIVS`` and a parent-death signal.
+       no core dumps; no capabilities, ``PR_SET_NO_NEW_PRIVS`` and a parent-death signal. The process
+       limit counts only the sandbox's tasks (its own uid as root, its own user namespace otherwise), so
+       a caller whose user already runs many threads (a trainer) is not refused; without a user
+       namespace it comes on top of the user's task count at the start (``process_limit`` missing).
     6. **Audit hook** (Python-level): refuses sockets, ``ctypes``/``cffi``, starting processes (unless
        ``allow_subprocesses``), writes outside the working folder, other processes' ``/proc`` entries
        and signals to other processes.
@@ -78,7 +81,8 @@ class PythonInterpreter:
         max_output_chars (`int`, *optional*, defaults to 10000):
             Characters of output (stdout and stderr together) read before the run is stopped.
         max_processes (`int`, *optional*, defaults to 32):
-            Process/thread limit of the sandbox user (enforced when not root or when the uid switch works).
+            Processes and threads the sandbox may have at once (as an ordinary user its bootstrap and its
+            PID namespace's init count too; not enforced when root runs the code without the uid switch).
         max_file_mb (`int`, *optional*, defaults to 16):
             Largest file the code may write, in MiB.
         allow_subprocesses (`bool`, *optional*, defaults to `False`):
@@ -93,7 +97,8 @@ class PythonInterpreter:
     Attributes:
         isolation (`dict`): The layers active on this machine, from a sandboxed run made at construction:
             ``network_namespace``, ``pid_namespace``, ``landlock`` (the ABI version), ``uid``, ``rlimits``,
-            ``no_new_privs``, ``audit_hook``, ... and ``missing`` (each missing layer and why).
+            ``process_limit`` (what it counts), ``no_new_privs``, ``audit_hook``, ... and ``missing`` (each
+            missing layer and why).
 
     Example:
 

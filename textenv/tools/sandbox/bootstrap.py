@@ -18,7 +18,8 @@ BOOTSTRAP = child_program()
 # Names accepted in TEXTENV_SANDBOX_TEST_DISABLE_LAYERS (comma-separated): the layers a test can turn off
 # to see what a machine without them does (warnings, strict refusal) or that the others hold alone.
 TEST_DISABLE_VARIABLE = "TEXTENV_SANDBOX_TEST_DISABLE_LAYERS"
-DISABLEABLE_LAYERS = ("network_namespace", "pid_namespace", "mount_namespace", "landlock", "audit_hook")
+DISABLEABLE_LAYERS = ("user_namespace", "network_namespace", "pid_namespace", "mount_namespace", "landlock",
+                      "audit_hook")
 
 
 def child_config(limits: SandboxLimits, identity: Identity | None, status_fd: int) -> dict:

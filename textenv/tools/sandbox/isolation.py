@@ -17,6 +17,10 @@ LAYER_EFFECTS = {
     "network_namespace": "the network is reachable (only the audit hook refuses sockets)",
     "uid": "the code runs as root (file permissions and RLIMIT_NPROC do not hold)",
     "rlimits": "CPU time and memory are not limited by the kernel",
+    "process_limit": "max_processes does not bound the sandbox's tasks alone: without a user namespace it comes "
+    "on top of the uid's task count at the start of the call, so tasks that uid ends or starts elsewhere during "
+    "the call let the code start more, or fewer (forks then fail with EAGAIN); as root without the uid switch "
+    "it does not hold",
     "no_new_privs": "set-uid programs can raise privileges",
     "audit_hook": "Python-level checks (sockets, ctypes, writes, /proc) are off",
 }

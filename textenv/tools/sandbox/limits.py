@@ -13,7 +13,9 @@ class SandboxLimits:
         timeout (`float`): Wall-clock seconds before the process group is killed.
         memory_mb (`int`): Address-space limit (RLIMIT_AS) in MiB.
         max_output_chars (`int`): Characters of stdout + stderr read before the process is killed.
-        max_processes (`int`): RLIMIT_NPROC (processes and threads of the sandbox user).
+        max_processes (`int`): RLIMIT_NPROC: processes and threads of the sandbox, counted apart from the
+            calling user's other tasks (in its own user namespace, or its own uid as root; see
+            :mod:`.child.rlimits`).
         max_open_files (`int`): RLIMIT_NOFILE.
         max_file_mb (`int`): RLIMIT_FSIZE, the largest file the code may write, in MiB.
         allow_subprocesses (`bool`): Let the code fork or start programs (still bounded by the

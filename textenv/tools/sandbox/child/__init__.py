@@ -1,13 +1,13 @@
 """The program that runs inside the sandboxed child, kept as ordinary modules (stdlib only, Python 3.8
 compatible, since the child may run the system ``python3``) and joined into one source text by
-:func:`child_program`: :mod:`.namespaces`, :mod:`.landlock`, :mod:`.audit_hook`, then :mod:`.runner`,
-whose ``main`` runs last."""
+:func:`child_program`: :mod:`.namespaces`, :mod:`.rlimits`, :mod:`.landlock`, :mod:`.audit_hook`, then
+:mod:`.runner`, whose ``main`` runs last."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-CHILD_MODULES = ("namespaces", "landlock", "audit_hook", "runner")
+CHILD_MODULES = ("namespaces", "rlimits", "landlock", "audit_hook", "runner")
 
 
 def child_program() -> str:

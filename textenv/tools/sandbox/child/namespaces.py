@@ -8,7 +8,8 @@
   cannot enter (``/root`` for a pyenv or a venv there) and only the Python installation, the working
   directory and the paths the user allowed are mounted back inside it.
 
-An ordinary user gets the namespaces inside a user namespace of its own (same uid and gid inside).
+An ordinary user gets the namespaces inside a user namespace of its own (same uid and gid inside), in
+which the kernel also counts the sandbox's tasks for the process limit apart from the user's others.
 Stdlib only and Python 3.8 compatible: this file runs in the child, joined with the other child files.
 """
 
@@ -42,14 +43,21 @@ def os_error(what):
 
 
 def enter_namespaces(libc, names, disabled):
-    """Unshare the namespaces ``names`` (keys of `NAMESPACE_FLAGS`); return ``{name: True or reason}``."""
+    """Unshare the namespaces ``names`` (keys of `NAMESPACE_FLAGS`); return ``{name: True or reason}``,
+    with ``user_namespace`` too when not root (it holds the others, and :mod:`.rlimits` counts in it)."""
     status = {}
     if os.geteuid() != 0:
         uid, gid = os.getuid(), os.getgid()
-        if libc.unshare(CLONE_NEWUSER) != 0:
+        if "user_namespace" in disabled:
+            reason = "disabled for testing (no user namespace)"
+        elif libc.unshare(CLONE_NEWUSER) != 0:
             reason = "refused: user namespaces: %s" % os.strerror(ctypes.get_errno())
-            return {name: reason for name in names}
+        else:
+            reason = None
+        if reason is not None:
+            return dict({name: reason for name in names}, user_namespace=reason)
         map_own_ids(uid, gid)
+        status["user_namespace"] = True
     for name in names:
         if name in disabled:
             status[name] = "disabled for testing"

@@ -2,8 +2,9 @@
 status pipe, refuse to go on in strict mode when one is missing, then run the snippet like a notebook
 cell (the value of a final bare expression is printed).
 
-Order: resource limits; namespaces (network, PID, and as root a mount namespace for the Python
-installation); then, in the namespace's process that runs the code: the switch to the sandbox uid (as
+Order: resource limits; namespaces (as an ordinary user a user namespace, then network, PID, and as root
+a mount namespace for the Python installation); the process limit (after the user namespace: see
+:mod:`.rlimits`); then, in the namespace's process that runs the code: the switch to the sandbox uid (as
 root), no capabilities, ``PR_SET_NO_NEW_PRIVS`` and a parent-death signal, Landlock, the audit hook.
 Stdlib only and Python 3.8 compatible: this file runs in the child, joined with the other child files.
 """
@@ -18,40 +19,13 @@ try:  # separate modules for the parent, tests and linters; one program in the c
     from .audit_hook import install_audit_hook
     from .landlock import confine_filesystem, landlock_abi, sandbox_rules
     from .namespaces import enter_namespaces, expose_to_sandbox_user, load_libc, run_in_pid_namespace
+    from .rlimits import OWN_TASKS, limit_processes, set_limits
 except ImportError:
     pass
 
 # The layers without which `strict` refuses to run code; "uid" only applies when the parent is root.
-REQUIRED_LAYERS = ("network_namespace", "pid_namespace", "landlock", "rlimits", "no_new_privs", "audit_hook", "uid")
-
-
-def set_limits(config):
-    try:
-        import resource
-    except ImportError:
-        return "unavailable"
-    wanted = {
-        "RLIMIT_CPU": (config["cpu_seconds"], config["cpu_seconds"] + 1),
-        "RLIMIT_AS": (config["memory_bytes"],) * 2,
-        "RLIMIT_NPROC": (config["max_processes"],) * 2,
-        "RLIMIT_NOFILE": (config["max_open_files"],) * 2,
-        "RLIMIT_FSIZE": (config["max_file_bytes"],) * 2,
-        "RLIMIT_CORE": (0, 0),
-    }
-    applied = []
-    for name, (soft, hard) in wanted.items():
-        kind = getattr(resource, name, None)
-        if kind is None:
-            continue
-        _, current_hard = resource.getrlimit(kind)
-        if current_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, current_hard), min(hard, current_hard)
-        try:
-            resource.setrlimit(kind, (soft, hard))
-            applied.append(name)
-        except (ValueError, OSError):
-            pass
-    return applied
+REQUIRED_LAYERS = ("network_namespace", "pid_namespace", "landlock", "rlimits", "process_limit", "no_new_privs",
+                   "audit_hook", "uid")
 
 
 def drop_privileges(config):
@@ -97,6 +71,7 @@ def missing_layers(layers):
         "rlimits": lambda value: isinstance(value, list) and "RLIMIT_AS" in value and "RLIMIT_CPU" in value,
         "uid": lambda value: value == "not root" or (isinstance(value, int) and value != 0),
         "landlock": lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        "process_limit": lambda value: value in OWN_TASKS,
     }
     return {name: layers.get(name, "not set up") for name in REQUIRED_LAYERS
             if not active.get(name, lambda value: value is True)(layers.get(name))}
@@ -201,10 +176,12 @@ def main(config):
     libc = load_libc()
     if isinstance(libc, str):
         layers["kernel"] = libc
+        limit_processes(config, layers)
         confine_and_run(config, None, layers, workdir)
     switching_uid = config["uid"] is not None
     names = ["network_namespace", "pid_namespace"] + (["mount_namespace"] if switching_uid else [])
     layers.update(enter_namespaces(libc, names, config["disabled_layers"]))
+    limit_processes(config, layers)  # after the user namespace, before any fork
     if layers.get("mount_namespace") is True:
         reachable = [sys.base_prefix, sys.prefix] + config["read_paths"] + [workdir]
         paths = [os.path.realpath(path) for path in reachable]
