@@ -49,6 +49,11 @@ class Settings(EpisodeArguments, AlgorithmArguments):
     value_head_init_std: float = field(default=1e-3, metadata={"help": "std of the value head's initial weights (0: PyTorch's default init)"})
     eval_tasks: int = field(default=100, metadata={"help": "size of the held-out task set (0: none)"})
     eval_seed: int = field(default=1234, metadata={"help": "seed of the held-out task set"})
+    vllm_importance_sampling_correction: bool = field(
+        default=False,
+        metadata={"help": "weight each trained token by the trainer's over the sampler's probability (vLLM's log-probabilities; "
+                          "PPO: token_truncate at 2, GRPO: the same, see textenv.off_policy); for --engine vllm, with --max_staleness"},
+    )
 
     def __post_init__(self) -> None:
         EpisodeArguments.__post_init__(self)
@@ -121,6 +126,7 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         project_kwargs={"logging_dir": log_dir} if log_dir else {},
         tracker_project_name=name,
         accelerator_kwargs={"mixed_precision": settings.mixed_precision} if settings.mixed_precision else {},
+        vllm_importance_sampling_correction=settings.vllm_importance_sampling_correction,
     )
     if settings.algorithm == "grpo":
         return build_grpo_trainer(config, settings, model, tokenizer, settings.temperature)
