@@ -36,6 +36,7 @@ VERSION_INDEPENDENT = {
                              "(HTTP client, weight export through peft) is in test_vllm_faults, in both halves"),
     "test_vllm_overlap.py": ("rollouts ahead of training on real vLLM servers (.venv-vllm); the pipeline's logic and the loop's "
                              "K=0 identity are test_rollout_overlap's, in both halves"),
+    "test_benchmark_async.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_flops.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_grpo.py": "benchmark scripts: measured on the newest releases (TRL 1.16's GRPOTrainer)",
     "test_benchmark_paths.py": "benchmark scripts: measured on the newest releases",

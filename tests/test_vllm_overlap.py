@@ -149,7 +149,8 @@ class OpeningEnv:
         return text.upper()
 
 
-def test_async_episodes_see_the_environment_as_sync_ones_do(servers, tmp_path):
+@pytest.mark.parametrize("kind", ["trl_environment", "gym_env"])
+def test_async_episodes_see_the_environment_as_sync_ones_do(servers, tmp_path, kind):
     seen = {}
 
     def record(name):
@@ -159,11 +160,14 @@ def test_async_episodes_see_the_environment_as_sync_ones_do(servers, tmp_path):
         return reward
 
     for name, staleness in (("sync", 0), ("async", 1)):
-        trainer, scheduler, _ = trainer_and_scheduler([servers[0].url], gym_env=None, environment_factory=OpeningEnv, reward_funcs=[record(name)])
+        environment = {"gym_env": None, "environment_factory": OpeningEnv, "reward_funcs": [record(name)]} if kind == "trl_environment" else {}
+        trainer, scheduler, _ = trainer_and_scheduler([servers[0].url], **environment)  # gym_env: tool_env, its reset from the row
         source = GymSource(scheduler, ROWS, 2, completions_path=tmp_path / f"{name}.jsonl")
         train(trainer, source, 3, progress=False, max_staleness=staleness)
-    assert sorted(map(repr, seen["sync"])) == sorted(map(repr, seen["async"]))  # opening messages, row arguments, envs' rows, steps
+    assert sorted(map(repr, seen.get("sync", []))) == sorted(map(repr, seen.get("async", [])))  # opening messages, row arguments, envs' rows, steps
+    assert bool(seen) == (kind == "trl_environment")  # the reward functions saw every episode (TRL-style envs only)
     sync, asynchronous = (read_completions(tmp_path / f"{name}.jsonl") for name in ("sync", "async"))
+
     def openings(lines):  # per episode (in the order they finished): messages before the first reply, and the reset info
         return sorted(json.dumps([[m for m in line["messages"] if m["role"] != "assistant"][:1], line["trajectory_infos"][0]]) for line in lines)
 
