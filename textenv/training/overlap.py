@@ -114,7 +114,8 @@ class EpisodePipeline:
                 arrival = self._arrivals.get(timeout=POLL_SECONDS)
                 break
             except queue.Empty:
-                continue
+                if not self._thread.is_alive() and self._arrivals.empty():
+                    raise RuntimeError(f"the rollout thread ended without playing step {step}'s batch") from None
         if isinstance(arrival, BaseException):
             raise arrival
         arrival.wait_seconds = arrival.episode_seconds = time.perf_counter() - asked
