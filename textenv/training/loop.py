@@ -134,7 +134,7 @@ def train(
         _warn_if_uncorrected(trainer, max_staleness)
     bar = tqdm(range(start_step, steps), desc="GRPO" if group_size else "PPO", unit="step", disable=not progress, initial=start_step, total=steps)
     pipeline = EpisodePipeline(episodes, steps, start_step=start_step, max_staleness=max_staleness, num_generations=group_size,
-                               batch_size=trainer.config.batch_size)
+                               batch_size=getattr(trainer.config, "batch_size", 0))
     busy_before = pipeline.server_busy_seconds()
     with _recorder(run_dir, trainer) as recorder, pipeline:
         for step in bar:
