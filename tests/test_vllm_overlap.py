@@ -83,7 +83,8 @@ def test_textenv_train_ppo_calculator_with_max_staleness_1(servers, tmp_path):
     assert len(logs) == 3
     assert all(log.staleness_max <= 1 for log in logs) and max(log.staleness_max for log in logs) == 1  # played ahead, within the bound
     assert all(log.weight_sync_seconds > 0 and log.pause_seconds >= log.weight_sync_seconds for log in logs)
-    assert all(0 < log.server_busy_seconds for log in logs)
+    busy = [log.server_busy_seconds for log in logs]  # the last step's interval can be idle: its batch was played ahead
+    assert all(seconds >= 0 for seconds in busy) and busy[0] > 0
     for log in logs:
         for history in log.batch.episodes:
             assert history.policy_versions and all(log.step - 1 <= version <= log.step for version in history.policy_versions)
