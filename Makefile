@@ -21,7 +21,7 @@ LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
 
-.PHONY: demo test environments test-main test-lower test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
+.PHONY: demo test environments disk-space test-main test-lower test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
@@ -39,9 +39,18 @@ test: environments
 	echo "======== main half: $$([ $$main = 0 ] && echo passed || echo FAILED); lower-bound half: $$([ $$lower_status = 0 ] && echo passed || echo FAILED)"; \
 	[ $$main = 0 ] && [ $$lower_status = 0 ]
 
-environments:
+environments: disk-space
 	@$(MAKE) --no-print-directory chromium
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(LOWER_STAMP) vllm-optional
+
+# A fresh set-up writes about 8 GiB (GiB per environment below) and pip's temporary files (2 GiB): check the disk
+# first, so that a full disk is said as such before any install, not as pip's OSError halfway through one.
+ENVIRONMENT_GIB := $(STAMP):2 $(LOWER_STAMP):3 $(VLLM_STAMP):4
+disk-space:
+	@needed=2; for entry in $(ENVIRONMENT_GIB); do [ -e $${entry%:*} ] || needed=$$((needed + $${entry##*:})); done; \
+	free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	[ $$needed -le 2 ] || [ $$free -ge $$needed ] || { echo "make environments needs about $$needed GiB free on $$(df -P . | awk 'NR==2 {print $$6}'): \
+	$$free GiB are. Free some space (old clones, /tmp, ~/.cache/pip) and run it again." >&2; exit 1; }
 
 # The whole suite in .venv; `make test` passes --main-half (the modules tests/scope.py runs in the lower half only
 # are left to it).

@@ -45,6 +45,8 @@ TASK_OPTIONS = {
             "--max_new_tokens", "8", "--loss_scale", "default"],
 }
 EVAL_TASKS = {"calculator": 64, "gym": 40}
+CORRECTION_STATS = {"ratio_mean": "objective/importance_sampling_ratio_mean", "ratio_max": "objective/importance_sampling_ratio_max",
+                    "clipped_frac": "objective/importance_sampling_clipped_frac", "masked_frac": "objective/importance_sampling_masked_frac"}
 
 
 def game_rows(count: int, seed: int) -> list[dict]:
@@ -87,7 +89,8 @@ def run_one(argv: list[str], eval_every: int, threads: int, result_path: Path, c
         seconds = time.perf_counter() - started
         steps.append({"step": log.step, "seconds": seconds, "episode_seconds": log.episode_seconds, "ppo_seconds": log.ppo_seconds,
                       "wait_seconds": log.wait_seconds, "pause_seconds": log.pause_seconds, "server_busy_seconds": log.server_busy_seconds,
-                      "staleness_mean": log.staleness_mean, "staleness_max": log.staleness_max, "reward_mean": log.reward_mean})
+                      "staleness_mean": log.staleness_mean, "staleness_max": log.staleness_max, "reward_mean": log.reward_mean,
+                      **{name: float(log.stats[key]) for name, key in CORRECTION_STATS.items() if key in log.stats}})
         if (log.step + 1) % eval_every == 0:
             weights = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
             copies.append({"step": log.step + 1, "seconds": seconds, "weights": weights})
@@ -169,6 +172,7 @@ def summary(result_path: Path, evaluation: list[dict]) -> dict:
         "server_idle_per_step": statistics.median(idle), "pause_per_step": statistics.median(s["pause_seconds"] for s in steps),
         "staleness_mean": statistics.mean(s["staleness_mean"] for s in steps), "staleness_max": max(s["staleness_max"] for s in steps),
         "dropped": result["dropped"], "evaluation": evaluation,
+        **{name: (max if name == "ratio_max" else statistics.mean)(s[name] for s in steps) for name in CORRECTION_STATS if all(name in s for s in steps)},
     }
 
 
@@ -180,7 +184,8 @@ def report(results: dict) -> str:
         sync_final = runs["0"]["evaluation"][-1] if "0" in runs else None
         same_wall = min(run["seconds"] for run in runs.values())
         lines += [f"### {task}", "", "| K | s/step | trainer wait s/step | server idle s/step | pause s/step | staleness mean/max | "
-                  "greedy / sampled after the last step | at the same wall time | time to K=0's final sampled accuracy | speed-up |", "|" + "---|" * 10]
+                  "greedy / sampled after the last step | at the same wall time | time to K=0's final sampled accuracy | speed-up | "
+                  "IS ratio mean / max, truncated, masked |", "|" + "---|" * 11]
         for k, run in runs.items():
             final = run["evaluation"][-1]
             at_wall = [e for e in run["evaluation"] if e["seconds"] <= same_wall + 1e-6] or [run["evaluation"][0]]
@@ -189,9 +194,17 @@ def report(results: dict) -> str:
             speedup = f"{sync_reached / reached:.2f}x" if reached and sync_reached else "not reached"
             lines.append(f"| {k} | {run['seconds_per_step']:.1f} | {run['wait_per_step']:.1f} | {run['server_idle_per_step']:.1f} | {run['pause_per_step']:.2f} | "
                          f"{run['staleness_mean']:.2f} / {run['staleness_max']} | {final['greedy']:.0%} / {final['sampled']:.0%} | "
-                         f"{at_wall[-1]['greedy']:.0%} / {at_wall[-1]['sampled']:.0%} | {'-' if reached is None else f'{reached:.0f} s'} | {speedup} |")
+                         f"{at_wall[-1]['greedy']:.0%} / {at_wall[-1]['sampled']:.0%} | {'-' if reached is None else f'{reached:.0f} s'} | {speedup} | "
+                         f"{correction_cell(run)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def correction_cell(run: dict) -> str:
+    """The importance weights over the run (mean of the steps' means, the largest, mean fractions truncated and masked)."""
+    if "ratio_mean" not in run:
+        return "-"
+    return f"{run['ratio_mean']:.3f} / {run['ratio_max']:.2f}, {run['clipped_frac']:.1%}, {run['masked_frac']:.1%}"
 
 
 def median_run(runs: list[dict]) -> dict:

@@ -1,6 +1,7 @@
 """The `gym` benchmark workload: multi-turn chat episodes from a scripted env, three ways, on the main venv.
 
     python benchmarks/gym_side.py --mode scheduler|naive|text-env --episodes 32 --turns 6
+    python benchmarks/gym_side.py --mode client-loop --vllm-url URL --episodes 32 --turns 6
 
 - `scheduler`: `GymScheduler` (the one episode driver on the generation engine).
 - `naive`: what a user writes without textenv: every turn, re-render each unfinished episode's chat with
@@ -10,6 +11,13 @@
 
 `--vllm-url URL` runs `scheduler` or `text-env` on the vLLM server at URL (`engine=VLLMEngine`, see
 `vllm_bench.py`: weights sent and a warm-up before timing, the timed run on a fresh prefix cache).
+
+- `client-loop` (needs `--vllm-url`): what a user writes without textenv on a vLLM server: a
+  `ThreadPoolExecutor` with one worker per episode, each POSTing its messages to `/v1/chat/completions` turn
+  after turn (`urllib.request`, the same questions, follow-ups, system prompt, token budget and greedy
+  decoding), appending the reply's text and the next follow-up. No model is loaded; a warm-up request before
+  timing and the timed run on a fresh prefix cache, as for textenv's sides. The replies' token ids come from
+  vLLM's `return_token_ids` (compared with textenv's).
 
 The env asks a question from a fixed list and answers every reply with a short follow-up; an episode runs
 all `--turns` turns. Prints one `BENCH_RESULT {json}` line: seconds, generated tokens, tokens/s and every
@@ -52,6 +60,7 @@ SCRIPTS = {
 }
 SCRIPT = "chat"
 NAIVE_PATH = f"{GENERATE} (the naive loop, every turn)"
+CLIENT_LOOP_PATH = "vLLM /v1/chat/completions (a plain client loop, a thread per episode)"
 
 
 def system() -> str:
@@ -169,6 +178,54 @@ def run_text_env(model, tokenizer, episodes: int, turns: int, engine="textenv") 
     return _result(seconds, [[segment.tolist() for segment in _model_segments(history)] for history in histories], str(env.decoding_path))
 
 
+def run_client_loop(url: str, episodes: int, turns: int) -> dict:
+    """The plain client loop on the vLLM server at `url` (see the module's doc): one thread per episode, one
+    `/v1/chat/completions` request per turn. Greedy (temperature 0), `max_tokens` the turn budget; vLLM ends a
+    turn at the tokenizer's EOS by itself. `return_token_ids` only reports the reply's ids (for the token
+    checks): it changes nothing the server does."""
+    import json
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = _get_json(f"{url}/v1/models")["data"][0]["id"]
+
+    def chat(messages: list[dict]) -> dict:
+        body = {"model": model, "messages": messages, "max_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "return_token_ids": True}
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            return json.loads(answer.read())["choices"][0]
+
+    def play(index: int) -> list[list[int]]:
+        messages = [{"role": "system", "content": system()}, {"role": "user", "content": question(index)}]
+        replies = []
+        for turn in range(1, turns + 1):
+            choice = chat(messages)
+            replies.append(choice.get("token_ids") or [])
+            messages.append({"role": "assistant", "content": choice["message"]["content"]})
+            if turn < turns:
+                messages.append({"role": "user", "content": follow_up(turn)})
+        return replies
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=episodes) as pool:
+        replies = list(pool.map(play, range(episodes)))
+    return _result(time.perf_counter() - started, replies, CLIENT_LOOP_PATH + f" ({url})")
+
+
+def _get_json(url: str) -> dict:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def _reset_prefix_cache(url: str) -> None:
+    from textenv.vllm.client import VLLMServerClient
+
+    VLLMServerClient(url).reset_prefix_cache()
+
+
 def _model_segments(history) -> list[torch.Tensor]:
     if history is None:
         return []
@@ -184,7 +241,7 @@ def _result(seconds: float, replies: list[list[list[int]]], path: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env"])
+    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env", "client-loop"])
     parser.add_argument("--model-path", default=None, help="default: the bundled model")
     parser.add_argument("--script", choices=sorted(SCRIPTS), default="chat", help="the env's prompts (default: chat)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="tokens per model turn (default: %(default)s)")
@@ -192,13 +249,21 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     parser.add_argument("--device", default="cpu", help="where the model runs (default: cpu; `cuda` for GPU figures)")
-    parser.add_argument("--vllm-url", default=None, help="scheduler / text-env: decode on the vLLM server at this URL")
+    parser.add_argument("--vllm-url", default=None, help="scheduler / text-env: decode on the vLLM server at this URL; client-loop: its server")
+    parser.add_argument("--vllm-pid", type=int, default=None, help="the vLLM server's process group: its CPU time over the timed run is recorded")
     args = parser.parse_args()
     if args.vllm_url and args.mode == "naive":
-        parser.error("--vllm-url is for the scheduler and text-env modes (the naive loop calls transformers' generate)")
+        parser.error("--vllm-url is for the scheduler, text-env and client-loop modes (the naive loop calls transformers' generate)")
+    if args.mode == "client-loop" and not args.vllm_url:
+        parser.error("--mode client-loop needs --vllm-url (the server it sends its requests to)")
     global SCRIPT, MAX_NEW_TOKENS
     SCRIPT, MAX_NEW_TOKENS = args.script, args.max_new_tokens
     torch.set_num_threads(args.threads)
+    if args.mode == "client-loop":
+        run_client_loop(args.vllm_url, 2, 1)  # warm-up
+        _reset_prefix_cache(args.vllm_url)
+        workload.emit(_timed_on_server(lambda: run_client_loop(args.vllm_url, args.episodes, args.turns), args.vllm_pid))
+        return
     if args.model_path is None:
         from textenv.models import bundled_model_path
 
@@ -209,10 +274,24 @@ def main() -> None:
         runner(model, tokenizer, 2, 1)  # warm-up
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        if args.vllm_url:
-            vllm_bench.fresh_cache(engine)
-        result = runner(model, tokenizer, args.episodes, args.turns)
-        workload.emit({**result, **vllm_bench.engine_record(engine)} if args.vllm_url else result)
+        if not args.vllm_url:
+            workload.emit(runner(model, tokenizer, args.episodes, args.turns))
+            return
+        vllm_bench.fresh_cache(engine)
+        result = _timed_on_server(lambda: runner(model, tokenizer, args.episodes, args.turns), args.vllm_pid)
+        workload.emit({**result, **vllm_bench.engine_record(engine)})
+
+
+def _timed_on_server(run, server_pid: int | None) -> dict:
+    """`run()`'s result with this process's CPU seconds over it (`client_seconds_cpu`) and, given the server's
+    process group, the server's (`server_seconds_cpu`): where a run on vLLM spends its CPU."""
+    before_server = vllm_bench.server_usage(server_pid)[0] if server_pid else None
+    before = time.process_time()
+    result = run()
+    result["client_seconds_cpu"] = time.process_time() - before
+    if before_server is not None:
+        result["server_seconds_cpu"] = vllm_bench.server_usage(server_pid)[0] - before_server
+    return result
 
 
 if __name__ == "__main__":

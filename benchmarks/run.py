@@ -5,6 +5,7 @@
     python benchmarks/run.py --bf16     # textenv in bf16 mixed precision (legacy stays fp32)
     python benchmarks/run.py --workloads rollout turns gym --engine vllm   # also textenv on a vLLM server
     python benchmarks/run.py --workloads grpo-vs-trl   # textenv's GRPO against TRL 1.16's GRPOTrainer (not in the default set)
+    python benchmarks/run.py --workloads async --steps 12   # K = 0, 1, 2 rollouts ahead on vLLM (async_bench.py's options)
 
 Creates the legacy venv (`benchmarks/.legacy-venv`: trl 0.11.4, transformers 4.46.3) on first use, writes
 the fixed inputs to a temporary folder, measures this machine's matmul ceiling (`flops.py`) in a fresh
@@ -12,7 +13,8 @@ process, then runs every workload in fresh processes, alternating legacy and tex
 ratios, model GFLOP/s against the ceiling and token-equality checks as Markdown. With `--engine vllm` it
 starts a vLLM server first (`vllm_bench.py`) and measures textenv on it too, beside the in-process engine. The
 `grpo-vs-trl` workload (`grpo_side.py`) trains with textenv's GRPO and with TRL 1.16's `GRPOTrainer`, both on the main
-venv (no legacy venv needed), on the same calculator tool task (`grpo_task.py`).
+venv (no legacy venv needed), on the same calculator tool task (`grpo_task.py`). `--workloads async` hands
+over to `async_bench.py` (training with rollouts ahead, K = 0, 1, 2 on vLLM; the options after it are its own).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from legacy_venv import ensure_legacy_venv  # noqa: E402
 WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied", "gym")  # the default set
 GRPO_WORKLOAD = grpo_bench.WORKLOAD  # textenv's GRPO against TRL 1.16's GRPOTrainer: long, so only when named
 ALL_WORKLOADS = (*WORKLOADS, GRPO_WORKLOAD)
+ASYNC_WORKLOAD = "async"  # `--workloads async [async_bench.py's options]`: a run of its own (see main)
 LEGACY_WORKLOADS = ("rollout", "turns", "ppo-step", "ppo-step-varied")  # need the legacy venv
 PPO_WORKLOADS = ("ppo-step", "ppo-step-varied")
 SIDE_WORKLOADS = ("rollout", "turns", *PPO_WORKLOADS)  # legacy against textenv
@@ -47,6 +50,8 @@ VLLM_WORKLOADS = ("rollout", "turns", "gym")  # also measured on vLLM with --eng
 PPO_EPOCHS = 4  # PPOConfig's default on both sides
 GYM_MODES = ("naive", "scheduler", "text-env")
 GYM_VLLM_MODES = tuple(mode + report.VLLM_SUFFIX for mode in ("scheduler", "text-env"))
+GYM_CLIENT_LOOP = vllm_bench.CLIENT_LOOP  # a plain /v1/chat/completions loop on the same server (no textenv)
+ALL_GYM_MODES = (*GYM_MODES, *GYM_VLLM_MODES, GYM_CLIENT_LOOP)
 ON_VLLM = {"vllm": " on vLLM"}  # what a workload's label says of its side
 GYM_EPISODES, GYM_TURNS = 32, 6
 ROLLOUT_QUERIES = 32
@@ -59,7 +64,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repeat; the turns workload with 8 episodes")
     parser.add_argument("--workloads", nargs="+", choices=ALL_WORKLOADS, default=list(WORKLOADS),
-                        help=f"default: {' '.join(WORKLOADS)} ({GRPO_WORKLOAD} only when named)")
+                        help=f"default: {' '.join(WORKLOADS)} ({GRPO_WORKLOAD} only when named; `--workloads {ASYNC_WORKLOAD} ...` first, "
+                        "alone, runs async_bench.py with the options after it)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 3, 1 with --quick)")
     parser.add_argument(
         "--threads", type=int, default=workload.NUM_THREADS,
@@ -81,13 +87,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gym-script", choices=["chat", "math"], default="chat", help="the gym workload's env prompts (default: chat, short prompts: the worst case)")
     parser.add_argument("--gym-episodes", type=int, default=GYM_EPISODES, help="the gym workload's episodes (default: %(default)s)")
     parser.add_argument("--gym-turns", type=int, default=GYM_TURNS, help="the gym workload's turns per episode (default: %(default)s)")
+    parser.add_argument("--gym-max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="the gym workload's tokens per model turn (default: %(default)s)")
+    parser.add_argument(
+        "--gym-modes", nargs="+", choices=ALL_GYM_MODES, default=None,
+        help=f"the gym workload's sides (default: {' '.join(GYM_MODES)}, with --engine vllm also {' '.join(GYM_VLLM_MODES)} {GYM_CLIENT_LOOP}); "
+        f"e.g. `--gym-modes scheduler-vllm {GYM_CLIENT_LOOP}`: textenv on vLLM against the plain client loop only",
+    )
     grpo_bench.add_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write all raw measurements here")
     parser.add_argument("--render", type=Path, default=None, help="only print the tables of a saved --json file")
-    return parser.parse_args()
+    args = parser.parse_args()
+    on_server = [mode for mode in args.gym_modes or () if mode in (*GYM_VLLM_MODES, GYM_CLIENT_LOOP)]
+    if on_server and args.engine != "vllm":
+        parser.error(f"--gym-modes {' '.join(on_server)} run on a vLLM server: add --engine vllm")
+    return args
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--workloads", ASYNC_WORKLOAD]:
+        import async_bench
+
+        async_bench.main(sys.argv[3:])
+        return
     args = parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     if args.render:
@@ -125,7 +146,8 @@ def measure_all(raw: dict, args: argparse.Namespace, repeats: int) -> None:
             run_side(sides["textenv"], "make-value-head", inputs["ppo-step"], threads=args.threads)
         for name in args.workloads:
             if name == "gym":
-                raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns, server)
+                raw[name] = measure_gym(repeats, args.threads, args.gym_script, args.gym_episodes, args.gym_turns, server,
+                                        modes=args.gym_modes, max_new_tokens=args.gym_max_new_tokens)
                 continue
             if name == GRPO_WORKLOAD:
                 raw[name] = grpo_bench.measure(repeats, args.threads, grpo_bench.write_inputs(Path(folder), grpo_bench.settings(args), args.grpo_eval_rows), run_side, rotated)
@@ -212,21 +234,27 @@ def model_flops(name: str, results: dict[str, list[dict]], inputs: Path, config:
 
 
 def measure_gym(repeats: int, threads: int, script: str, episodes: int = GYM_EPISODES, turns: int = GYM_TURNS,
-                server: dict | None = None) -> dict[str, list[dict]]:
+                server: dict | None = None, modes: list[str] | None = None, max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, list[dict]]:
     """The gym workload on the main venv: a naive per-turn loop, GymScheduler and TextEnvironment on the
-    same `episodes` x `turns` (and with `server`, GymScheduler and TextEnvironment on that vLLM server),
-    each `repeats` times in fresh processes, the order rotated every repeat."""
-    modes = GYM_MODES + (GYM_VLLM_MODES if server is not None else ())
+    same `episodes` x `turns` (and with `server`, GymScheduler and TextEnvironment on that vLLM server, and the
+    plain client loop on it), each `repeats` times in fresh processes, the order rotated every repeat. `modes`
+    picks some of them (default: all that apply)."""
+    on_server = (*GYM_VLLM_MODES, GYM_CLIENT_LOOP)
+    modes = tuple(modes or (GYM_MODES + (on_server if server is not None else ())))
+    if server is None and any(mode in on_server for mode in modes):
+        raise ValueError(f"the gym modes {[mode for mode in modes if mode in on_server]} need a vLLM server (--engine vllm)")
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     side = (sys.executable, HERE / "gym_side.py")
     for repeat in range(repeats):
         for mode in rotated(modes, repeat):
             print(f"[gym] run {repeat + 1}/{repeats}: {mode} ...", file=sys.stderr, flush=True)
             extra = ["--mode", mode.removesuffix(report.VLLM_SUFFIX), "--script", script, "--episodes", str(episodes), "--turns", str(turns)]
-            if mode in GYM_VLLM_MODES:
-                extra += ["--vllm-url", server["url"]]
+            if max_new_tokens != MAX_NEW_TOKENS:
+                extra += ["--max-new-tokens", str(max_new_tokens)]
+            if mode in on_server:
+                extra += ["--vllm-url", server["url"]] + (["--vllm-pid", str(server["pid"])] if server.get("pid") else [])
             results[mode].append(run_side(side, None, None, extra, threads))
-    results.update(script=script, episodes=episodes, turns=turns)
+    results.update(script=script, episodes=episodes, turns=turns, max_new_tokens=max_new_tokens)
     return results
 
 
@@ -264,7 +292,7 @@ def saved_repeats(raw: dict) -> int:
     for name in ALL_WORKLOADS:
         if name in raw:
             results = raw[name]
-            side = next(key for key in ("legacy", GYM_MODES[0], *grpo_bench.grpo_side.SIDE_NAMES) if key in results)
+            side = next(key for key in ("legacy", *ALL_GYM_MODES, *grpo_bench.grpo_side.SIDE_NAMES) if key in results)
             return len(results[side])
     return 0
 
@@ -283,7 +311,8 @@ def command_line(raw: dict, args: argparse.Namespace) -> str:
         ("--rollout-queries", settings.get("rollout_queries"), ROLLOUT_QUERIES),
         ("--turns-episodes", settings.get("turns_episodes"), 8 if settings["quick"] else ROLLOUT_QUERIES),
         ("--gym-script", gym.get("script"), "chat"), ("--gym-episodes", gym.get("episodes"), GYM_EPISODES),
-        ("--gym-turns", gym.get("turns"), GYM_TURNS),
+        ("--gym-turns", gym.get("turns"), GYM_TURNS), ("--gym-max-new-tokens", gym.get("max_new_tokens"), MAX_NEW_TOKENS),
+        ("--gym-modes", " ".join(mode for mode in ALL_GYM_MODES if mode in gym) or None, " ".join(default_gym_modes(raw))),
     )
     command += "".join(f" {flag} {value}" for flag, value, default in flags if value not in (None, default))
     return command + grpo_bench.command_flags(raw.get(GRPO_WORKLOAD, {}))
@@ -352,8 +381,12 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         ]
     if "gym" in raw:
         gym_results = [results for results in raw["gym"].values() if isinstance(results, list)]
-        gym_table = report.gym_table(raw["gym"], raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS))
-        parts += [report.cpu_line(*gym_results), "", gym_table, ""]
+        shape = raw["gym"].get("episodes", GYM_EPISODES), raw["gym"].get("turns", GYM_TURNS)
+        parts += [report.cpu_line(*gym_results), ""]
+        if all(mode in raw["gym"] for mode in GYM_MODES):
+            parts += [report.gym_table(raw["gym"], *shape), ""]
+        if GYM_CLIENT_LOOP in raw["gym"]:
+            parts += [vllm_bench.client_loop_table(raw["gym"], *shape), ""]
     if GRPO_WORKLOAD in raw:
         parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.sides_of(raw[GRPO_WORKLOAD]))), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
@@ -365,7 +398,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes] if notes else []
     decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:
-        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive") if mode in raw["gym"]})
+        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive", GYM_CLIENT_LOOP) if mode in raw["gym"]})
     if decoded:
         parts += ["", "What decoded the turns:", ""] + [f"- {line}" for line in report.path_lines(decoded)]
     if "vllm" in raw:
@@ -375,6 +408,11 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         versions = {side: results[0]["versions"] for side, results in side_results.items()}
         parts += ["", f"Versions: legacy {versions.get('legacy')}; textenv {versions.get('textenv')}."]
     return "\n".join(parts)
+
+
+def default_gym_modes(raw: dict) -> tuple[str, ...]:
+    """The gym modes a run has without --gym-modes (those on a server with --engine vllm)."""
+    return GYM_MODES + ((*GYM_VLLM_MODES, GYM_CLIENT_LOOP) if raw.get("settings", {}).get("engine") == "vllm" else ())
 
 
 def any_workload_results(raw: dict) -> dict[str, list[dict]]:

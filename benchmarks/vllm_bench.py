@@ -7,6 +7,10 @@ SIGTERM; its start-up time is reported apart from the figures. Every side proces
 `VLLMEngine` on it, sends the weights and checks the served model at its first use (the first weight
 sync, also reported apart) and makes one short warm-up request before timing. Every timed run starts with
 the server's prefix cache dropped, as the in-process engine starts every run with a fresh cache.
+
+The gym workload also runs a plain client loop on the same server (`gym_side.py --mode client-loop`: what a
+user writes without textenv, `/v1/chat/completions` from a thread pool), with the same warm-up and an emptied
+prefix cache before its timed run; `client_loop_table` puts textenv on vLLM beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any, Callable, Iterator
 
 import workload
 
+CLIENT_LOOP = "client-loop"  # the gym mode of the plain client loop (no textenv) on the server
+VLLM_SUFFIX = "-vllm"  # the gym modes of textenv on the server (report.VLLM_SUFFIX)
 DTYPES = ("float32", "bfloat16", "auto")  # resolved for this machine (textenv.hardware.resolve_server_dtype)
 KV_CACHE_GIB = 1
 
@@ -126,3 +132,52 @@ def timed_run_on_server(env: Any, engine: Any, inputs: dict, server_pid: int | N
         record.update(server_seconds_cpu=cpu - before, server_rss_mb=rss)
         record["seconds_cpu"] += record["server_seconds_cpu"]
     return record
+
+
+# ------------------------------------------------------------------------------ textenv against a plain client loop
+_FRONT_ENDS = {"scheduler" + VLLM_SUFFIX: "textenv GymScheduler on vLLM", "text-env" + VLLM_SUFFIX: "textenv TextEnvironment on vLLM"}
+
+
+def client_loop_table(results: dict, episodes: int, turns: int) -> str:
+    """The gym workload's textenv sides on vLLM beside the plain client loop on the same server: median wall
+    time (and the runs' spread), tokens/s, the ratio to the client loop (above 1: textenv is slower), the
+    client process's and the server's CPU seconds over the timed run, and the episodes whose every reply has
+    the same token ids as the client loop's."""
+    import statistics
+
+    loop = results[CLIENT_LOOP]
+    runs = len(loop)
+    loop_seconds = statistics.median(run["seconds"] for run in loop)
+    header = ["side", "wall s (median)", "runs, s", "generated tokens", "tok/s", "/ client loop (wall)", "client CPU s", "server CPU s",
+              "episodes token-identical to the client loop"]
+    rows = []
+    for mode, label in ((CLIENT_LOOP, "plain client loop (`/v1/chat/completions`, a thread per episode)"), *_FRONT_ENDS.items()):
+        if mode not in results:
+            continue
+        side = results[mode]
+        seconds = statistics.median(run["seconds"] for run in side)
+        rows.append([
+            label, f"{seconds:.1f}", ", ".join(f"{run['seconds']:.1f}" for run in side), str(side[0]["generated_tokens"]),
+            f"{statistics.median(run['tokens_per_second'] for run in side):.1f}",
+            "1" if mode == CLIENT_LOOP else f"**{seconds / loop_seconds:.3f}**",
+            _median_of(side, "client_seconds_cpu"), _median_of(side, "server_seconds_cpu"),
+            "-" if mode == CLIENT_LOOP else equal_episodes(side, loop),
+        ])
+    lines = [f"Gym ({episodes} episodes x {turns} turns, `{results.get('script', 'chat')}` env, {results.get('max_new_tokens', 32)} new tokens per turn, "
+             f"greedy) on one vLLM server: textenv against a plain client loop, {runs} alternated run(s) per side, each on an emptied prefix cache.", "",
+             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def equal_episodes(results: list[dict], reference: list[dict]) -> str:
+    """`"equal/episodes"`: episodes of the first runs whose every reply has the same token ids."""
+    pairs = list(zip(results[0]["replies"], reference[0]["replies"]))
+    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+
+
+def _median_of(runs: list[dict], key: str) -> str:
+    import statistics
+
+    values = [run[key] for run in runs if key in run]
+    return f"{statistics.median(values):.1f}" if values else "n/a"

@@ -55,9 +55,28 @@ def run(seconds: float, evaluation: list[tuple[float, float]]) -> dict:
 def test_the_report_times_the_synchronous_runs_final_accuracy_by_hand():
     results = {"gym": {"0": [run(100.0, [(50.0, 0.2), (100.0, 0.6)])], "1": [run(60.0, [(30.0, 0.4), (60.0, 0.7)])],
                        "2": [run(55.0, [(27.0, 0.3), (55.0, 0.5)])]}}
+    results["gym"]["1"][0].update(ratio_mean=0.9876, ratio_max=2.5, clipped_frac=0.0123, masked_frac=0.0)
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in async_bench.report(results).splitlines()
             if line.startswith("| ") and not line.startswith("| K")}
-    assert rows["0"][-2:] == ["100 s", "1.00x"]  # K=0 reaches its own final 60% at its end
-    assert rows["1"][-2:] == ["60 s", "1.67x"]  # 70% >= 60% first at 60 s: 100 / 60
-    assert rows["2"][-2:] == ["-", "not reached"]  # never 60%
-    assert rows["1"][-3] == "40% / 40%" and rows["0"][-3] == "20% / 20%"  # at 55 s, the fastest run's end
+    assert rows["0"][-3:-1] == ["100 s", "1.00x"]  # K=0 reaches its own final 60% at its end
+    assert rows["1"][-3:-1] == ["60 s", "1.67x"]  # 70% >= 60% first at 60 s: 100 / 60
+    assert rows["2"][-3:-1] == ["-", "not reached"]  # never 60%
+    assert rows["1"][-4] == "40% / 40%" and rows["0"][-4] == "20% / 20%"  # at 55 s, the fastest run's end
+    assert rows["1"][-1] == "0.988 / 2.50, 1.2%, 0.0%" and rows["0"][-1] == "-"  # the correction's weights; none logged at K=0
+
+
+def test_the_benchmark_runner_hands_workloads_async_to_async_bench(monkeypatch, capsys):
+    import run
+
+    handed = []
+    monkeypatch.setattr(async_bench, "measure", lambda *args: handed.append(args) or {})
+    monkeypatch.setattr(sys, "argv", ["run.py", "--workloads", "async", "--tasks", "gym", "--staleness", "0", "2", "--steps", "3",
+                                      "--vllm-url", "http://127.0.0.1:1"])
+    run.main()
+
+    tasks, staleness, steps, *_, url = handed[0][:7]
+    assert (tasks, staleness, steps, url) == (["gym"], [0, 2], 3, "http://127.0.0.1:1")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--workloads", "async", "--staleness", "1"])
+    with pytest.raises(SystemExit):
+        run.main()
+    assert "--staleness must include 0" in capsys.readouterr().err

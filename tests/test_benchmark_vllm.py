@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from textenv.engine.fast_path import LOOP
 from textenv.vllm.engine import VLLMPath
@@ -44,10 +45,10 @@ def test_the_gym_runs_both_front_ends_on_the_server(monkeypatch):
     monkeypatch.setattr(run, "run_side", lambda side, workload, inputs, extra, threads: calls.append(extra) or {})
     results = run.measure_gym(repeats=1, threads=1, script="chat", episodes=2, turns=1, server=SERVER)
 
-    assert [mode for mode in results if isinstance(results[mode], list)] == ["naive", "scheduler", "text-env", "scheduler-vllm", "text-env-vllm"]
+    assert [mode for mode in results if isinstance(results[mode], list)] == ["naive", "scheduler", "text-env", "scheduler-vllm", "text-env-vllm", "client-loop"]
     on_vllm = [extra for extra in calls if "--vllm-url" in extra]
-    assert [extra[1] for extra in on_vllm] == ["scheduler", "text-env"]
-    assert all(extra[-1] == URL for extra in on_vllm)
+    assert [extra[1] for extra in on_vllm] == ["scheduler", "text-env", "client-loop"]
+    assert all(extra[extra.index("--vllm-url") + 1] == URL for extra in on_vllm)
 
 
 def episode(*model_turns):
@@ -123,3 +124,119 @@ def test_server_usage_counts_the_process_group():
 @pytest.mark.parametrize("repeat, order", [(0, ["a", "b", "c"]), (1, ["b", "c", "a"]), (5, ["c", "a", "b"])])
 def test_rotated(repeat, order):
     assert run.rotated(["a", "b", "c"], repeat) == order
+
+
+# ------------------------------------------------------------------------------ textenv against a plain client loop
+def test_the_gym_adds_the_plain_client_loop_on_the_server(monkeypatch):
+    calls = []
+    monkeypatch.setattr(run, "run_side", lambda side, workload, inputs, extra, threads: calls.append(extra) or {})
+    results = run.measure_gym(repeats=1, threads=1, script="chat", episodes=2, turns=1, server=SERVER)
+
+    assert [mode for mode in results if isinstance(results[mode], list)] == [*run.GYM_MODES, *run.GYM_VLLM_MODES, "client-loop"]
+    loop = next(extra for extra in calls if extra[1] == "client-loop")
+    assert loop[-4:] == ["--vllm-url", URL, "--vllm-pid", "4321"]  # the same server; its CPU time is recorded
+    assert all("--vllm-pid" not in extra for extra in calls if extra[1] in run.GYM_MODES and "--vllm-url" not in extra)
+
+
+def test_the_gym_modes_can_be_textenv_on_vllm_and_the_client_loop_alone(monkeypatch):
+    calls = []
+    monkeypatch.setattr(run, "run_side", lambda side, workload, inputs, extra, threads: calls.append(extra) or {})
+    results = run.measure_gym(repeats=2, threads=1, script="chat", episodes=8, turns=3, server={"url": URL}, modes=["scheduler-vllm", "client-loop"],
+                              max_new_tokens=64)
+
+    assert [extra[1] for extra in calls] == ["scheduler", "client-loop", "client-loop", "scheduler"]  # alternated
+    assert all(extra[-2:] == ["--vllm-url", URL] for extra in calls)  # a server without a pid: no CPU accounting
+    assert all(extra[extra.index("--max-new-tokens") + 1] == "64" for extra in calls)
+    assert results["max_new_tokens"] == 64
+    with pytest.raises(ValueError, match="need a vLLM server"):
+        run.measure_gym(repeats=1, threads=1, script="chat", modes=["client-loop"])
+
+
+def test_the_client_loop_table_puts_textenv_on_vllm_beside_the_loop():
+    def mode(replies, seconds, **extra):
+        return [{"seconds": s, "tokens_per_second": 10 / s, "generated_tokens": 10, "turns": 2, "peak_rss_mb": 800.0, "replies": replies, **extra}
+                for s in seconds]
+
+    same, other = [[[1, 2]], [[3, 2]]], [[[1, 2]], [[4, 2]]]
+    raw = {
+        "settings": {"engine": "vllm", "vllm_dtype": "float32", "quick": False, "bf16": False, "threads": 2, "repeats": 3},
+        "vllm": SERVER,
+        "gym": {"client-loop": mode(same, [4.0, 5.0, 6.0], client_seconds_cpu=0.2, server_seconds_cpu=9.0),
+                "scheduler-vllm": mode(other, [4.0, 4.5, 9.0], client_seconds_cpu=1.5, server_seconds_cpu=8.0, sync_seconds=[0.7], prepare_seconds=1.5),
+                "script": "chat", "episodes": 2, "turns": 1, "max_new_tokens": 32},
+    }
+    args = argparse.Namespace(workloads=["gym"], bf16=False, threads=2, quick=False, repeats=3)
+    text = run.render(raw, run.saved_repeats(raw), args)
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line}
+    loop = next(row for label, row in rows.items() if "client loop" in label)
+    textenv = next(row for label, row in rows.items() if "GymScheduler on vLLM" in label)
+
+    assert loop[1:3] == ["5.0", "4.0, 5.0, 6.0"] and loop[5] == "1"
+    assert textenv[1] == "4.5" and textenv[5] == "**0.900**"  # medians: 4.5 s against 5.0 s
+    assert textenv[6:8] == ["1.5", "8.0"] and textenv[8].strip(" |") == "1/2"
+    assert "3 alternated run(s) per side, each on an emptied prefix cache" in text
+    assert "--gym-modes scheduler-vllm client-loop" in text and "| naive" not in text  # no in-process sides, no gym table
+
+
+@pytest.fixture(scope="module")
+def a_server():
+    """A running vLLM server of the bundled model (tests/vllm_servers.py), stopped after this module."""
+    from tests.vllm_servers import bundled_servers, stop_all
+
+    yield bundled_servers(1)[0]
+    stop_all()
+
+
+@pytest.mark.slow
+def test_the_client_loop_and_textenv_play_the_same_episodes_on_a_server(a_server):
+    """Both sides for real, at a tiny size, on one server: the same token ids turn after turn."""
+    process = getattr(a_server, "process", None)
+    record = {"url": a_server.url, "pid": process.pid if process is not None else None}
+    results = run.measure_gym(repeats=1, threads=1, script="chat", episodes=2, turns=2, server=record,
+                              modes=["scheduler-vllm", "client-loop"], max_new_tokens=16)
+    loop, textenv = results["client-loop"][0], results["scheduler-vllm"][0]
+
+    assert loop["turns"] == textenv["turns"] == 4
+    assert loop["replies"] == textenv["replies"] and loop["generated_tokens"] > 4
+    assert loop["decoding_path"].startswith("vLLM /v1/chat/completions") and textenv["decoding_path"] == str(VLLMPath((a_server.url,)))
+    assert loop["client_seconds_cpu"] >= 0 and ("server_seconds_cpu" in loop) == (process is not None)
+    assert "| 2/2 |" in vllm_bench.client_loop_table(results, 2, 2)
+
+
+def test_the_vllm_engine_has_as_many_requests_in_flight_as_its_batch_size(tiny_model, tokenizer):
+    """The front ends set the engine's `batch_size` to theirs before each run (64 episodes: 64 requests in flight, as
+    the client loop's 64 threads); the request threads follow it, whatever size the engine was made with."""
+    import threading
+
+    from textenv.vllm.client import ServedTurn
+    from textenv.vllm.engine import VLLMEngine
+
+    class CountingClient:
+        url, mode = "http://fake", "server"
+
+        def __init__(self):
+            self.in_flight, self.most, self.lock = 0, 0, threading.Lock()
+
+        def complete(self, prompt_ids, sampling):
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+            time.sleep(0.2)
+            with self.lock:
+                self.in_flight -= 1
+            return ServedTurn([5, tokenizer.eos_token_id], [-0.5, -0.25], "eos")
+
+    client = CountingClient()
+    engine = VLLMEngine(tiny_model, tokenizer, [client], batch_size=2, sync_weights=False, check_model=False)
+    contexts = [torch.tensor([1, 2, 3])] * 6
+    try:
+        engine.generate_batch(contexts, generation_kwargs={"max_new_tokens": 2})
+        assert client.most == 2
+        engine.batch_size = 6
+        client.most = 0
+        completions = engine.generate_batch(contexts, generation_kwargs={"max_new_tokens": 2})
+        assert client.most == 6 and [c.token_ids.tolist() for c in completions] == [[5, tokenizer.eos_token_id]] * 6
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate_batch(contexts)

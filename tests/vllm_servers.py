@@ -62,9 +62,12 @@ def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
 
 
 def stop_all() -> None:
+    """Stop the servers; a later `bundled_servers` call (a later module in the same session) starts new ones."""
+    global _servers
     for server in _servers or []:
         if server is not None:
             server.stop()
+    _servers = None
 
 
 class RunningServer:

@@ -20,6 +20,7 @@ reason, and the server's log-probability of each id.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import weakref
@@ -65,7 +66,8 @@ class VLLMEngine:
         tokenizer: its tokenizer (must be the servers').
         clients (`list[VLLMServerClient]`): the servers, or anything with the same methods (colocated vLLM).
         generation_kwargs (`dict`, *optional*): generation settings of every turn, transformers' names.
-        batch_size (`int`, defaults to 32): most requests in flight per server.
+        batch_size (`int`, defaults to 32): most requests in flight (`batch_size` x servers in all); may be changed
+            between calls (the front ends set their own before each run).
         sync_weights (`bool`, defaults to `True`): send the weights when they change; `False` trusts the
             servers to serve the policy (then a server whose model differs from `model` is refused).
         weights_dir (`str`, *optional*): the folder the weights are written to (see `WeightSync`).
@@ -81,19 +83,36 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.clients = list(clients)
         self.generation_kwargs = generation_kwargs if generation_kwargs is not None else {}
-        self.batch_size = batch_size
         self.check_model = check_model
         self.weight_sync = WeightSync(self.clients, weights_dir) if sync_weights else None
         ensure_pad_token(tokenizer)
-        self._pool = ThreadPoolExecutor(max_workers=batch_size * len(self.clients), thread_name_prefix="textenv-vllm")
-        weakref.finalize(self, self._pool.shutdown, wait=False)
+        self.batch_size = batch_size
+        self._pools: dict[int, ThreadPoolExecutor] = {}  # request threads, by their number (`_pool`)
+        self._closed = False
+        weakref.finalize(self, _shutdown_pools, self._pools)
         self._server_of: dict[Hashable, int] = {}
         self._running = [0] * len(self.clients)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # which server serves which episode
+        self._sync_lock = threading.Lock()  # the weight checks and syncs (`prepare`, `sync_weights`)
+        self._prepare_calls = itertools.count(1)  # numbers the calls of `prepare` and the checks they start
+        self._prepared_before = 0  # every call numbered below it is served by a finished check
         self._synced_fingerprint: Any = None
         self._checked = False
         self.gate = ServingGate()
         self.auto_sync = True  # prepare() sends changed weights; off while rollouts overlap training
+
+    @property
+    def _pool(self) -> ThreadPoolExecutor:
+        """The request threads for the current `batch_size`: `batch_size` x servers of them, so that a front end's
+        batch size (set on the engine before each run) is how many requests it has in flight. One pool per size,
+        kept until `close` (threads start as requests need them)."""
+        if self._closed:
+            raise RuntimeError("This VLLMEngine was closed.")
+        workers = self.batch_size * len(self.clients)
+        pool = self._pools.get(workers)
+        if pool is None:
+            pool = self._pools.setdefault(workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="textenv-vllm"))
+        return pool
 
     @property
     def policy_version(self) -> int | None:
@@ -125,14 +144,17 @@ class VLLMEngine:
     # ------------------------------------------------------------------------------ requests
     async def generate(self, context_ids: torch.Tensor, stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
                        *, episode: Hashable | None = None) -> Completion:
-        """Generate one turn from `context_ids` on the episode's server (see `GenerationEngine.generate`)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.prepare)
+        """Generate one turn from `context_ids` on the episode's server (see `GenerationEngine.generate`).
+
+        The turn's weight check (`prepare`, asked for now) and its request run one after the other in one request
+        thread: one hand-over to a thread and one back per turn (each is a wake-up that waits for a core while the
+        server keeps the machine busy)."""
+        call = next(self._prepare_calls)
         server = self._server_for(episode)
         stream = getattr(episode, "random_stream", None)
         request = self._sampling(len(context_ids), stop_strings, generation_kwargs, stream)
         prompt = context_ids.detach().to("cpu").tolist()
-        served, version = await loop.run_in_executor(self._pool, self._served_turn, server, prompt, request)
+        served, version = await asyncio.get_running_loop().run_in_executor(self._pool, self._prepared_turn, call, server, prompt, request)
         return self._completion(served, version, context_ids.device)
 
     def generate_batch(self, contexts: Sequence[torch.Tensor], stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
@@ -161,9 +183,18 @@ class VLLMEngine:
         return run_sync(coroutine)
 
     # ------------------------------------------------------------------------------ weights and checks
-    def prepare(self) -> None:
-        """Check the servers (first call) and send the weights if they changed since the last sync."""
-        with self._lock:
+    def prepare(self, call: int | None = None) -> None:
+        """Check the servers (first call) and send the weights if they changed since the last sync.
+
+        Every turn calls it (`call`: the number its turn drew when it asked, `next(self._prepare_calls)`; default:
+        now). Calls that arrive while a check runs wait for it and are then served by one check begun after them
+        all (a check that began after a call saw the weights as they were at that call, or newer), so that many
+        episodes starting their turns together wait for at most two checks, not one each."""
+        call = next(self._prepare_calls) if call is None else call
+        with self._sync_lock:
+            if call < self._prepared_before:
+                return
+            check = next(self._prepare_calls)  # the calls numbered below it were made before this check began
             if self.auto_sync:
                 fingerprint = parameters_fingerprint(decoding_model(self.model))
                 if self.weight_sync is not None and fingerprint != self._synced_fingerprint:
@@ -173,12 +204,13 @@ class VLLMEngine:
                 for client in self.clients:
                     check_served_model(client, unwrap_model(self.model), self.tokenizer, synced=self.weight_sync is not None)
                 self._checked = True
+            self._prepared_before = check
 
     def sync_weights(self) -> float:
         """Send the weights now, changed or not; returns the seconds it took."""
         if self.weight_sync is None:
             raise ValueError("This engine was made with sync_weights=False.")
-        with self._lock:
+        with self._sync_lock:
             seconds = self.weight_sync.sync(self.model)
             self._synced_fingerprint = parameters_fingerprint(decoding_model(self.model))
         return seconds
@@ -200,7 +232,8 @@ class VLLMEngine:
         return pause_seconds, sync_seconds
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        _shutdown_pools(self._pools, cancel_futures=True)
         if self.weight_sync is not None:
             self.weight_sync.close()
 
@@ -224,6 +257,11 @@ class VLLMEngine:
             raise ValueError(f"The vLLM backend does not implement the generation setting {setting}; remove it from generation_kwargs.")
         return vllm_sampling(settings, tuple(stop_strings), _seed(stream) if settings.do_sample else None)
 
+    def _prepared_turn(self, call: int, server: int, prompt: list[int], request: dict[str, Any]) -> tuple[Any, int | None]:
+        """In a request thread: the weight check turn `call` asked for (`prepare`), then its request."""
+        self.prepare(call)
+        return self._served_turn(server, prompt, request)
+
     def _served_turn(self, server: int, prompt: list[int], request: dict[str, Any]) -> tuple[Any, int | None]:
         """One request to `server`, through the gate: `(the served turn, the version that served it)`."""
         with self.gate.turn() as version:
@@ -234,6 +272,11 @@ class VLLMEngine:
         logprobs = torch.tensor(served.logprobs, dtype=torch.float32, device=device)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
         return Completion(token_ids=token_ids, text=text, finish_reason=served.finish_reason, logprobs=logprobs, policy_version=version)
+
+
+def _shutdown_pools(pools: dict[int, ThreadPoolExecutor], cancel_futures: bool = False) -> None:
+    for pool in list(pools.values()):
+        pool.shutdown(wait=False, cancel_futures=cancel_futures)
 
 
 def vllm_sampling(settings: SamplingSettings, stop_strings: tuple[str, ...], seed: int | None) -> dict[str, Any]:
