@@ -204,7 +204,7 @@ def correction_cell(run: dict) -> str:
     """The importance weights over the run (mean of the steps' means, the largest, mean fractions truncated and masked)."""
     if "ratio_mean" not in run:
         return "-"
-    return f"{run['ratio_mean']:.3f} / {run['ratio_max']:.2f}, {run['clipped_frac']:.1%}, {run['masked_frac']:.1%}"
+    return f"{run['ratio_mean']:.3f} / {run['ratio_max']:.2f}, {run['clipped_frac']:.2%}, {run['masked_frac']:.2%}"
 
 
 def median_run(runs: list[dict]) -> dict:

@@ -62,7 +62,7 @@ def test_the_report_times_the_synchronous_runs_final_accuracy_by_hand():
     assert rows["1"][-3:-1] == ["60 s", "1.67x"]  # 70% >= 60% first at 60 s: 100 / 60
     assert rows["2"][-3:-1] == ["-", "not reached"]  # never 60%
     assert rows["1"][-4] == "40% / 40%" and rows["0"][-4] == "20% / 20%"  # at 55 s, the fastest run's end
-    assert rows["1"][-1] == "0.988 / 2.50, 1.2%, 0.0%" and rows["0"][-1] == "-"  # the correction's weights; none logged at K=0
+    assert rows["1"][-1] == "0.988 / 2.50, 1.23%, 0.00%" and rows["0"][-1] == "-"  # the correction's weights; none logged at K=0
 
 
 def test_the_benchmark_runner_hands_workloads_async_to_async_bench(monkeypatch, capsys):
