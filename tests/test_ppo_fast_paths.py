@@ -223,6 +223,38 @@ def test_supports_packing_per_attention_implementation():
     assert not packing.supports_packing(model)
 
 
+
+def test_packing_unsupported_reason_names_what_rules_packing_out():
+    model = tiny_causal_lm()
+    assert packing.packing_unsupported_reason(model) is None
+    model.config._attn_implementation = "flash_attention_2"
+    assert "'flash_attention_2'" in packing.packing_unsupported_reason(model)
+    model.config._attn_implementation = "sdpa"
+    model.config.sliding_window = 8
+    assert "sliding-window" in packing.packing_unsupported_reason(model)
+
+
+def test_a_ppo_step_that_cannot_pack_says_so_once_with_the_reason(caplog):
+    """share_prompt_prefix asks for packing; a model that cannot run packed runs the padded rows (the same
+    results) and says why, once, not silently. share_prompt_prefix=False asks for the padded rows: no warning."""
+    from textenv.ppo import windowed_forward
+
+    windowed_forward._warned_padded.clear()
+    model = make_model()
+    model.pretrained_model.config.sliding_window = 8  # Llama ignores it; packing.packing_unsupported_reason does not
+    trainer = make_trainer(model=model)
+    with caplog.at_level("WARNING", logger="textenv.ppo.windowed_forward"):
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+        trainer.step(QUERIES, RESPONSES, SCORES, MASKS)
+    warned = [record.getMessage() for record in caplog.records if "run the padded rows" in record.getMessage()]
+    assert len(warned) == 1 and "sliding-window" in warned[0] and "share_prompt_prefix=False" in warned[0]
+    caplog.clear()
+    windowed_forward._warned_padded.clear()
+    with caplog.at_level("WARNING", logger="textenv.ppo.windowed_forward"):
+        make_trainer(model=make_model(), share_prompt_prefix=False).step(QUERIES, RESPONSES, SCORES, MASKS)
+    assert not [record for record in caplog.records if "run the padded rows" in record.getMessage()]
+
+
 BRANCH = torch.arange(130, 148)  # the first two queries go on sharing these after PROMPT: a prefix tree
 TREE_ROWS = [torch.cat([PROMPT, BRANCH, torch.tensor([7, 8]), RESPONSES[0]]), torch.cat([PROMPT, BRANCH, RESPONSES[1]]),
              torch.cat([QUERIES[2], RESPONSES[2]])]

@@ -283,11 +283,11 @@ def packed_config(model: nn.Module, share_prompt_prefix: bool):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not share_prompt_prefix:
         return None
-    if not packing.supports_packing(base):
+    reason = packing.packing_unsupported_reason(base)
+    if reason is not None:
         warnings.warn(
-            f"GRPOConfig(share_prompt_prefix=True) but this model cannot run packed (attention "
-            f"{getattr(base.config, '_attn_implementation', None)!r}, or sliding-window layers; see "
-            "textenv.ppo.packing.supports_packing): its mini-batches run padded, every row's whole prompt through the "
+            f"GRPOConfig(share_prompt_prefix=True) but this model cannot run packed ({reason}; see "
+            "textenv.ppo.packing.packing_unsupported_reason): its mini-batches run padded, every row's whole prompt through the "
             "model (about 2x slower steps on long shared prompts). trainer.packed_config is None.",
             stacklevel=3,
         )

@@ -162,18 +162,27 @@ class _PrefixTree:
 
 
 def supports_packing(model) -> bool:
-    """Whether ``model`` (a transformers causal LM) can run packed: decoder-only, attention dispatched through
-    transformers' attention interface (``_supports_attention_backend``) with SDPA or eager, and no
+    """Whether ``model`` (a transformers causal LM) can run packed (see `packing_unsupported_reason`)."""
+    return packing_unsupported_reason(model) is None
+
+
+def packing_unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot run packed, or ``None`` when it can: it must be decoder-only, dispatch its attention
+    through transformers' attention interface (``_supports_attention_backend``) with SDPA or eager, and have no
     sliding-window layers (the per-segment attention is full causal attention)."""
     config = model.config
-    if getattr(config, "is_encoder_decoder", False) or not getattr(model, "_supports_attention_backend", False):
-        return False
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
-        return False
+    if getattr(config, "is_encoder_decoder", False):
+        return "it is an encoder-decoder"
+    if not getattr(model, "_supports_attention_backend", False):
+        return f"{type(model).__name__} does not dispatch its attention through transformers' attention interface"
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in ("sdpa", "eager"):
+        return f"its attention implementation is {implementation!r} (packing needs 'sdpa' or 'eager')"
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
-        return all(layer_type == "full_attention" for layer_type in layer_types)
-    return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+        return None if all(layer_type == "full_attention" for layer_type in layer_types) else "it has sliding-window layers"
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    return "it has sliding-window attention" if sliding else None
 
 
 @contextlib.contextmanager

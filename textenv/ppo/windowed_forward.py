@@ -14,6 +14,7 @@ real columns, with the LM head on the response window.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,9 @@ from torch import nn
 
 from textenv.ppo import core, packing
 from textenv.ppo.batch import PackedBatch
+
+logger = logging.getLogger(__name__)
+_warned_padded: set[str] = set()  # reasons already warned about (once per process each)
 
 @dataclass
 class PolicyPass:
@@ -95,8 +99,13 @@ class WindowedForwardMixin:
         inside, the model's attention runs per packed segment, forward and backward."""
         causal_lm = getattr(self.accelerator.unwrap_model(model), "causal_lm", None)
         layout = None
-        if self.config.share_prompt_prefix and causal_lm is not None and packing.supports_packing(causal_lm):
-            layout = packing.plan_packing(batch.input_ids, batch.attention_mask)
+        if self.config.share_prompt_prefix and causal_lm is not None:
+            reason = packing.packing_unsupported_reason(causal_lm)
+            if reason is None:
+                layout = packing.plan_packing(batch.input_ids, batch.attention_mask)
+                reason = None if layout is not None else "a row's attention mask is not one contiguous run of real tokens"
+            if reason is not None:
+                _warn_padded(reason)
         if layout is None:
             yield None
             return
@@ -218,3 +227,12 @@ class WindowedForwardMixin:
             for module in self.model.modules():
                 if isinstance(module, nn.Dropout):
                     module.eval()
+
+
+def _warn_padded(reason: str) -> None:
+    """Say once per reason that the PPO step runs padded rows although ``share_prompt_prefix`` asked for packing."""
+    if reason not in _warned_padded:
+        _warned_padded.add(reason)
+        logger.warning("PPO's forward passes run the padded rows, not packed ones (share_prompt_prefix=True): %s. Cost: every "
+                       "row's prompt is computed once per row and padding columns run too (slower on batches that share "
+                       "a prompt). PPOConfig(share_prompt_prefix=False) asks for this path and silences this warning.", reason)
