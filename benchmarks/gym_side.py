@@ -187,7 +187,9 @@ def run_client_loop(url: str, episodes: int, turns: int) -> dict:
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    model = _get_json(f"{url}/v1/models")["data"][0]["id"]
+    from textenv.vllm.client import VLLMServerClient
+
+    model = VLLMServerClient(url).model  # the served model's name, read once before the episodes
 
     def chat(messages: list[dict]) -> dict:
         body = {"model": model, "messages": messages, "max_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "return_token_ids": True}
@@ -210,14 +212,6 @@ def run_client_loop(url: str, episodes: int, turns: int) -> dict:
     with ThreadPoolExecutor(max_workers=episodes) as pool:
         replies = list(pool.map(play, range(episodes)))
     return _result(time.perf_counter() - started, replies, CLIENT_LOOP_PATH + f" ({url})")
-
-
-def _get_json(url: str) -> dict:
-    import json
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=60) as answer:
-        return json.loads(answer.read())
 
 
 def _reset_prefix_cache(url: str) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import workload
+from report import VLLM_SUFFIX
 
 CLIENT_LOOP = "client-loop"  # the gym mode of the plain client loop (no textenv) on the server
-VLLM_SUFFIX = "-vllm"  # the gym modes of textenv on the server (report.VLLM_SUFFIX)
 DTYPES = ("float32", "bfloat16", "auto")  # resolved for this machine (textenv.hardware.resolve_server_dtype)
 KV_CACHE_GIB = 1
 
