@@ -3,15 +3,19 @@
 Token ids go in and token ids come out (`/v1/completions` with a token-id prompt and ``return_token_ids``),
 with each sampled token's log-probability. A request that cannot reach the server, times out or gets a
 5xx answer is retried `max_retries` times with a growing pause; then, or at once for a 4xx answer (a bad
-request), `VLLMServerError` says what happened. Only the standard library is used.
+request), `VLLMServerError` says what happened. Each thread keeps its connection to the server open between
+requests (HTTP keep-alive: no TCP handshake per turn); one the server closed while idle is reopened at once.
+Only the standard library is used.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +24,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
+
+JSON_HEADERS = {"content-type": "application/json"}
 
 # vLLM's finish reasons, in textenv's words (`textenv.engine.stopping`).
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
@@ -64,6 +70,9 @@ class VLLMServerClient:
         self.max_retries = max_retries
         self.retry_pause = retry_pause
         self._model: str | None = None
+        self._local = threading.local()  # this thread's open connection (`_connection`)
+        self._open: set[http.client.HTTPConnection] = set()  # every thread's, for `close`
+        self._open_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"VLLMServerClient({self.url!r})"
@@ -134,23 +143,76 @@ class VLLMServerClient:
         """One JSON request, retried as described in the class docstring; the decoded answer (or `None`)."""
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={"content-type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as answer:
-                    raw = answer.read()
-                return json.loads(raw) if raw else None
-            except urllib.error.HTTPError as error:
-                detail = _error_detail(error)
-                if error.code < 500:
-                    raise VLLMServerError(f"The vLLM server at {self.url} refused {method} {path} ({error.code}): {detail}") from error
-                failure = f"answered {error.code}: {detail}"
-            except (OSError, urllib.error.URLError) as error:  # refused, reset, timed out
-                failure = f"could not be reached ({getattr(error, 'reason', error)})"
+                status, reason, raw = self._exchange(method, path, data, timeout or self.request_timeout)
+            except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out, a broken answer
+                failure = f"could not be reached ({error or type(error).__name__})"
+            else:
+                if status < 400:
+                    return json.loads(raw) if raw else None
+                detail = _error_detail(raw, reason)
+                if status < 500:
+                    raise VLLMServerError(f"The vLLM server at {self.url} refused {method} {path} ({status}): {detail}")
+                failure = f"answered {status}: {detail}"
             if attempt < self.max_retries:
                 pause = self.retry_pause * 2**attempt
                 logger.warning("vLLM server %s %s for %s %s; retry %d/%d in %.1f s.", self.url, failure, method, path, attempt + 1, self.max_retries, pause)
                 time.sleep(pause)
         raise VLLMServerError(f"The vLLM server at {self.url} {failure} for {method} {path}, after {self.max_retries} retries.")
+
+    def close(self) -> None:
+        """Close the connections kept open (a later request opens a new one)."""
+        with self._open_lock:
+            connections, self._open = self._open, set()
+        for connection in connections:
+            connection.close()
+
+    def _exchange(self, method: str, path: str, data: bytes | None, timeout: float) -> tuple[int, str, bytes]:
+        """Send one request on this thread's connection: `(status, reason, body)`. A kept-alive connection the
+        server closed while it was idle fails on its next request; that request is sent again on a new one."""
+        for fresh in (False, True):
+            connection, was_open = self._connection(fresh)
+            try:
+                connection.timeout = timeout
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
+                connection.request(method, path, body=data, headers=JSON_HEADERS)
+                answer = connection.getresponse()
+                raw = answer.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self._drop(connection)
+                if not was_open:
+                    raise
+                continue
+            except BaseException:
+                self._drop(connection)
+                raise
+            if answer.will_close:
+                self._drop(connection)
+            return answer.status, answer.reason, raw
+        raise AssertionError("unreachable")
+
+    def _connection(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection (a new one if it has none or `fresh`), and whether it was open already."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None and not fresh:
+            return connection, connection.sock is not None
+        if connection is not None:
+            self._drop(connection)
+        parsed = urlparse(self.url)
+        kind = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+        connection = kind(parsed.hostname, parsed.port, timeout=self.request_timeout)
+        self._local.connection = connection
+        with self._open_lock:
+            self._open.add(connection)
+        return connection, False
+
+    def _drop(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        if getattr(self._local, "connection", None) is connection:
+            self._local.connection = None
+        with self._open_lock:
+            self._open.discard(connection)
 
 
 def _finish_reason(choice: dict) -> str:
@@ -164,10 +226,13 @@ def finish_reason(vllm_finish_reason: str | None, stop_reason) -> str:
     return FINISH_STOP if isinstance(stop_reason, str) else FINISH_EOS
 
 
-def _error_detail(error: urllib.error.HTTPError) -> str:
+def _error_detail(raw: bytes, reason: str) -> str:
+    """The message of an error answer's JSON body (vLLM's `error.message` or FastAPI's `detail`), else `reason`."""
     try:
-        payload = json.loads(error.read() or b"{}")
-    except (ValueError, OSError):
-        return error.reason
+        payload = json.loads(raw or b"{}")
+    except ValueError:
+        return reason
+    if not isinstance(payload, dict):
+        return str(payload)
     message = payload.get("error", payload.get("detail", payload))
     return message.get("message", str(message)) if isinstance(message, dict) else str(message)

@@ -234,6 +234,9 @@ class VLLMEngine:
     def close(self) -> None:
         self._closed = True
         _shutdown_pools(self._pools, cancel_futures=True)
+        for client in self.clients:
+            if hasattr(client, "close"):
+                client.close()
         if self.weight_sync is not None:
             self.weight_sync.close()
 
