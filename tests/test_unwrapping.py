@@ -28,6 +28,6 @@ def test_containers_are_unwrapped_as_accelerate_does(tiny_model, wrap):
 
 
 def test_a_model_with_a_compiled_layer_is_itself(tiny_model):
+    # accelerate 1.9's extract_model_from_parallel raises KeyError('_orig_mod') here; newer ones return the model
     tiny_model.model.layers[0] = torch.compile(tiny_model.model.layers[0])
     assert unwrap_model(tiny_model) is tiny_model
-    assert accelerate.utils.extract_model_from_parallel(tiny_model) is tiny_model
