@@ -170,8 +170,8 @@ class VLLMServerClient:
     def _exchange(self, method: str, path: str, data: bytes | None, timeout: float) -> tuple[int, str, bytes]:
         """Send one request on this thread's connection: `(status, reason, body)`. A kept-alive connection the
         server closed while it was idle fails on its next request; that request is sent again on a new one."""
-        for fresh in (False, True):
-            connection, was_open = self._connection(fresh)
+        for _ in range(2):  # the kept-alive connection, then (only if that one was stale) a new one
+            connection, was_open = self._connection()
             try:
                 connection.timeout = timeout
                 if connection.sock is not None:
@@ -192,13 +192,11 @@ class VLLMServerClient:
             return answer.status, answer.reason, raw
         raise AssertionError("unreachable")
 
-    def _connection(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's connection (a new one if it has none or `fresh`), and whether it was open already."""
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection (a new one if it has none), and whether it was open already."""
         connection = getattr(self._local, "connection", None)
-        if connection is not None and not fresh:
-            return connection, connection.sock is not None
         if connection is not None:
-            self._drop(connection)
+            return connection, connection.sock is not None
         parsed = urlparse(self.url)
         kind = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
         connection = kind(parsed.hostname, parsed.port, timeout=self.request_timeout)
