@@ -47,8 +47,7 @@ VERSION_INDEPENDENT = {
     "test_example_triviaqa.py": "the trivia example's task data and reward: Python only",
     "test_example_word_problems.py": "the word-problem example's task data and reward: Python only",
     "test_gym_example.py": END_TO_END,
-    "test_readme_examples.py": (END_TO_END + "; in the main half, whose 2 threads and newest releases it learns on (on the lower-bound "
-                                "set with one thread it gained no 15 points in 3 runs on 2026-11-26: a known gap)"),
+    "test_readme_examples.py": END_TO_END,
 }
 
 # Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):

@@ -2,10 +2,10 @@
 ``<!-- example: own-environment -->`` marker, in a fresh process) and learns what its reward asks for.
 
 The example samples from seeded streams, but the CPU's kernel level and the thread count change float rounding and
-so which tokens are sampled: the check is on an effect large against that spread (measured here: the share of
-brief replies rose from 4% to 38%, 24 episodes each), not on exact figures. `make test` runs it in the main half
-(newest releases, 2 threads): on the lower-bound set with one thread (transformers 5.21) it did not gain the 15
-points in 3 runs on 2026-11-26 (4% -> 0-8%, different rewards each run), a known gap still open.
+so which tokens are sampled: the check is on an effect large against that spread, not on exact figures. Measured
+on 2026-11-26 (48 episodes each, 16 steps): 2% -> 81% (newest releases, 2 threads, AVX2 kernels), 2% -> 90% (the
+same with ATEN_CPU_CAPABILITY=default), 2% -> 100% (lower-bound releases, one thread). With 10 steps and 24
+episodes it had gained only 4% -> 17% on CI's machine: the reward only starts to rise after about 9 steps.
 """
 
 import re
@@ -15,7 +15,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MARKER = "<!-- example: own-environment -->"
-LEARNED_POINTS = 15  # percentage points the sampled share must rise by
+LEARNED_POINTS = 30  # percentage points the sampled share must rise by
 
 
 def readme_block(marker: str) -> str:
