@@ -33,7 +33,9 @@ def test_missing_wheel_error_gives_install_command(monkeypatch, tmp_path):
 def test_bundled_model_is_the_converted_gguf(bundled):
     model, tokenizer = bundled
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
-    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token is not None
+    # The GGUF file's special-token ids (transformers before 5.17 converted EOS as BOS and set no pad token).
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+    assert tokenizer.eos_token_id == model.config.eos_token_id == model.generation_config.eos_token_id
     folder = models.bundled_model_path()
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     assert "quantization_config" not in (folder / "config.json").read_text()

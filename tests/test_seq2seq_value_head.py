@@ -81,7 +81,7 @@ def test_forward_and_generate(name):
     assert len(outputs) == 3
     logits, loss, value = outputs
     assert logits.dtype == torch.float32 and logits.shape == (2, 5, model.config.vocab_size) and loss is None
-    reference = model.pretrained_model(input_ids=INPUT_IDS, decoder_input_ids=DECODER_IDS, output_hidden_states=True, **masks)
+    reference = model.pretrained_model(input_ids=INPUT_IDS, decoder_input_ids=DECODER_IDS, output_hidden_states=True, use_cache=False, **masks)
     assert torch.equal(logits, reference.logits.float())
     assert torch.equal(value, model.v_head(reference.decoder_hidden_states[-1]).squeeze(-1))
     assert value.shape == (2, 5)

@@ -66,6 +66,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     kwargs = {"gguf_file": gguf_path.name}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
+    _set_special_tokens_from_gguf(tokenizer, gguf_path)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), **kwargs)
     # The weights are de-quantised to float32 now; keeping the GGUF quantization_config would make the
     # saved folder try to read a GGUF file again.
@@ -85,6 +86,23 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# GGUF metadata key (after "tokenizer.ggml.") of each special token's id.
+GGUF_SPECIAL_TOKEN_KEYS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+                           "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
+
+
+def _set_special_tokens_from_gguf(tokenizer, gguf_path: Path) -> None:
+    """Sets the tokenizer's special tokens to the ids the GGUF file names: transformers before 5.17 converted the
+    bundled tokenizer with EOS = BOS (``<|im_start|>``) and no pad token."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(gguf_path)).fields
+    for attribute, key in GGUF_SPECIAL_TOKEN_KEYS.items():
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(field.contents())))
 
 
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:

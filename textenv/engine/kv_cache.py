@@ -79,8 +79,12 @@ class GrowingLayer(DynamicLayer):
         self.batch_select_indices(beam_idx.to(self.device))
 
     def reset(self) -> None:
+        # Dropped, as transformers 5.21+ does for DynamicLayer; before 5.21 its reset zeroed the views in place,
+        # which kept their length.
         self._key_buffer = self._value_buffer = None
         self._length = 0
+        self.keys = self.values = None
+        self.is_initialized = False
         super().reset()
 
     def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:

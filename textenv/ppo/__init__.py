@@ -1,5 +1,6 @@
 """Step-based PPO (the legacy TRL ``PPOTrainer.step`` workflow) on current torch / transformers / accelerate."""
 
+import textenv.transformers_compat  # noqa: F401  (before anything reads transformers' modules)
 from textenv.ppo.config import PPOConfig
 from textenv.ppo.kl_control import AdaptiveKLController, FixedKLController, RunningMoments
 from textenv.ppo.offloaded_reference import OffloadedReference

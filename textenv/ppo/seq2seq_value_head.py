@@ -76,6 +76,10 @@ class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
             kwargs: passed to the wrapped model (``decoder_input_ids``, ``decoder_attention_mask``, ``labels``, ...).
         """
         kwargs["output_hidden_states"] = True
+        if past_key_values is None and not return_past_key_values:
+            # No cache is asked for, so none is built: FSMT on transformers 5.16-5.20 returns only the last
+            # position's logits when it builds one.
+            kwargs.setdefault("use_cache", False)
         if past_key_values is not None:
             kwargs[cache_keyword(self.pretrained_model)] = past_key_values
         if self.is_peft_model and getattr(self.pretrained_model.active_peft_config, "peft_type", None) == "PREFIX_TUNING":
