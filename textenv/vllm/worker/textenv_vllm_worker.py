@@ -19,6 +19,29 @@ class TextenvWorkerExtension:
         self.model_runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         return {"retied": self._textenv_retie()}
 
+    def textenv_load_shared_weights(self, segment: str, index: list) -> dict:
+        """Load weights from the shared-memory block `segment` (no file, no serialisation) in place, then remake a
+        tied output layer as `textenv_reload_weights` does. For vLLM in the training process (colocate mode).
+
+        Args:
+            segment: the name of a `multiprocessing.shared_memory` block the trainer wrote the tensors into.
+            index: `[(checkpoint name, dtype name, shape, byte offset), ...]` of the tensors in it.
+        """
+        from multiprocessing import resource_tracker, shared_memory
+
+        block = shared_memory.SharedMemory(name=segment)
+        resource_tracker.unregister(block._name, "shared_memory")  # the trainer owns (and unlinks) it
+        try:
+            views = ((name, _view(block.buf, dtype, shape, offset)) for name, dtype, shape, offset in index)
+            self.model_runner.reload_weights(weights_iterator=views, is_checkpoint_format=True)
+        finally:
+            views = None
+            try:
+                block.close()
+            except BufferError:  # a view is still referenced somewhere: the mapping goes when it is collected
+                pass
+        return {"loaded": len(index), "retied": self._textenv_retie()}
+
     def textenv_weights_checksum(self) -> dict:
         """Sums of the embedding and output-layer weights, to check a reload took (a test's probe)."""
         model = self.model_runner.get_model()
@@ -44,6 +67,14 @@ class TextenvWorkerExtension:
         if quant_method is not None:
             quant_method.process_weights_after_loading(head)
         return True
+
+
+def _view(buffer, dtype: str, shape: list, offset: int) -> torch.Tensor:
+    """A tensor viewing `shape` elements of `dtype` at byte `offset` of `buffer` (no copy)."""
+    count = 1
+    for size in shape:
+        count *= size
+    return torch.frombuffer(buffer, dtype=getattr(torch, dtype), count=count, offset=offset).reshape(shape)
 
 
 def _tied_pair(model):
