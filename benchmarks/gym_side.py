@@ -214,6 +214,39 @@ def run_client_loop(url: str, episodes: int, turns: int) -> dict:
     return _result(time.perf_counter() - started, replies, CLIENT_LOOP_PATH + f" ({url})")
 
 
+def run_vllm_loop(llm, episodes: int, turns: int) -> dict:
+    """vLLM's own offline engine as a user drives it without textenv: every turn, one `LLM.chat` call on the
+    unfinished episodes' conversations (the same prompts, greedy, the same token budget), then the replies'
+    text appended and the next follow-up."""
+    import vllm
+
+    params = vllm.SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
+    conversations = [[{"role": "system", "content": system()}, {"role": "user", "content": question(index)}] for index in range(episodes)]
+    replies: list[list[list[int]]] = [[] for _ in range(episodes)]
+    started = time.perf_counter()
+    for turn in range(1, turns + 1):
+        for index, output in enumerate(llm.chat(conversations, params, use_tqdm=False)):
+            completion = output.outputs[0]
+            replies[index].append(list(completion.token_ids))
+            conversations[index].append({"role": "assistant", "content": completion.text})
+            if turn < turns:
+                conversations[index].append({"role": "user", "content": follow_up(turn)})
+    return _result(time.perf_counter() - started, replies, "vllm.LLM.chat per turn (vLLM's offline engine, in this process)")
+
+
+def colocated_engine(model_path: str, model, tokenizer, dtype: str):
+    """A `VLLMEngine` on a `ColocatedVLLM` in this process (`vllm_mode="colocate"`), the policy's weights loaded
+    and a warm-up request done before timing."""
+    from textenv.vllm import VLLMEngine
+    from textenv.vllm.colocate import ColocatedVLLM
+
+    engine = VLLMEngine(model, tokenizer, [ColocatedVLLM(model_path, dtype=dtype, enforce_eager=True, max_model_len=4096)], batch_size=32)
+    started = time.perf_counter()
+    engine.prepare()
+    engine.prepare_seconds = time.perf_counter() - started
+    return engine
+
+
 def _reset_prefix_cache(url: str) -> None:
     from textenv.vllm.client import VLLMServerClient
 
@@ -235,7 +268,7 @@ def _result(seconds: float, replies: list[list[list[int]]], path: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env", "client-loop"])
+    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "text-env", "client-loop", "vllm-loop"])
     parser.add_argument("--model-path", default=None, help="default: the bundled model")
     parser.add_argument("--script", choices=sorted(SCRIPTS), default="chat", help="the env's prompts (default: chat)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="tokens per model turn (default: %(default)s)")
@@ -244,6 +277,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=workload.NUM_THREADS)
     parser.add_argument("--device", default="cpu", help="where the model runs (default: cpu; `cuda` for GPU figures)")
     parser.add_argument("--vllm-url", default=None, help="scheduler / text-env: decode on the vLLM server at this URL; client-loop: its server")
+    parser.add_argument("--colocate", choices=["float32", "bfloat16"], default=None,
+                        help="scheduler / text-env: decode on vLLM colocated in this process, in this dtype; vllm-loop: its dtype")
     parser.add_argument("--vllm-pid", type=int, default=None, help="the vLLM server's process group: its CPU time over the timed run is recorded")
     args = parser.parse_args()
     if args.vllm_url and args.mode == "naive":
@@ -262,7 +297,22 @@ def main() -> None:
         from textenv.models import bundled_model_path
 
         args.model_path = str(bundled_model_path())
+    if args.mode == "vllm-loop":
+        import vllm
+
+        llm = vllm.LLM(model=args.model_path, dtype=args.colocate or "float32", enforce_eager=True, max_model_len=4096)
+        run_vllm_loop(llm, 2, 1)  # warm-up
+        llm.reset_prefix_cache()
+        workload.emit(run_vllm_loop(llm, args.episodes, args.turns))
+        return
     model, tokenizer = load(args.model_path, args.device)
+    if args.colocate:
+        engine = colocated_engine(args.model_path, model, tokenizer, args.colocate)
+        runner = {"scheduler": partial(run_scheduler, engine=engine), "text-env": partial(run_text_env, engine=engine)}[args.mode]
+        runner(model, tokenizer, 2, 1)  # warm-up
+        vllm_bench.fresh_cache(engine)
+        workload.emit({**_timed_on_server(lambda: runner(model, tokenizer, args.episodes, args.turns), None), **vllm_bench.engine_record(engine)})
+        return
     with vllm_bench.prepared_engine(args.vllm_url, model, tokenizer) if args.vllm_url else contextlib.nullcontext("textenv") as engine:
         runner = {"scheduler": partial(run_scheduler, engine=engine), "naive": run_naive, "text-env": partial(run_text_env, engine=engine)}[args.mode]
         runner(model, tokenizer, 2, 1)  # warm-up
