@@ -26,18 +26,15 @@ import warnings
 import pytest
 import torch
 
-from tests.vllm_servers import bundled_servers, stop_all
-from textenv.environment import TextEnvironment
+from tests.vllm_servers import GREEDY, bundled_servers, calculator_env, lora_policy, stop_all
 from textenv.gym import GymScheduler, read_completions
 from textenv.tasks import calculator as task
-from textenv.tools import Calculator
 from textenv.vllm import VLLMEngine, VLLMServerClient, VLLMServerError
 from textenv.vllm.checks import local_logprobs
 
 from numerics import assert_greedy_continuations_agree, assert_greedy_histories_agree, forward_terms, reduction_tolerance
 
 pytestmark = pytest.mark.slow
-GREEDY = {"max_new_tokens": 24, "do_sample": False}
 MATH_ROWS = [{"problem": f"What is {a}+{b}? Think, then answer.", "solution": str(a + b)} for a, b in [(2, 2), (13, 29), (7, 8), (40, 2)]]
 
 
@@ -63,17 +60,6 @@ class RecordingClient(VLLMServerClient):
         served = super().complete(prompt_ids, sampling)
         self.turns.append((prompt_ids, served))
         return served
-
-
-def calculator_env(model, tokenizer, engine, tool_format="tags", generation_kwargs=GREEDY):
-    if tool_format == "json":  # a JSON call of the calculator is about 34 tokens
-        generation_kwargs = {**generation_kwargs, "max_new_tokens": 48}
-    return TextEnvironment(
-        model, tokenizer, {task.TOOL_NAME: Calculator()},
-        task.json_exact_match_reward if tool_format == "json" else task.exact_match_reward,
-        task.JSON_PROMPT if tool_format == "json" else task.PROMPT,
-        max_turns=3, generation_kwargs=generation_kwargs, tool_format=tool_format, engine=engine,
-    )
 
 
 def model_turns(history):
@@ -171,15 +157,10 @@ def test_a_ppo_step_on_vllm_rollouts_reaches_the_server(servers, bundled, querie
 
 
 def test_a_lora_policy_is_served_with_its_adapters_merged(servers, bundled, queries):
-    from peft import LoraConfig, get_peft_model
     from textenv.engine.engine import GenerationEngine
 
     base, tokenizer = bundled
-    policy = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, parameter in policy.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.05)
+    policy = lora_policy(base)
     engine = VLLMEngine(policy, tokenizer, [VLLMServerClient(servers[0].url)])
     contexts = [tokenizer(task.PROMPT + q, return_tensors="pt").input_ids[0] for q in queries[0]]
     served, local = greedy_turns(engine, policy, tokenizer, contexts), greedy_turns(GenerationEngine(policy, tokenizer), policy, tokenizer, contexts)

@@ -17,12 +17,11 @@ import warnings
 import pytest
 import torch
 
-from textenv.environment import TextEnvironment
 from textenv.gym import GymScheduler
 from textenv.tasks import calculator as task
-from textenv.tools import Calculator
 from textenv.vllm import VLLMEngine
 from textenv.vllm.checks import local_logprobs
+from tests.vllm_servers import GREEDY, calculator_env, lora_policy
 
 from numerics import assert_greedy_continuations_agree, assert_greedy_histories_agree, forward_terms, reduction_tolerance
 
@@ -30,7 +29,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed in this environment (make test runs this module in .venv-vllm)"),
 ]
-GREEDY = {"max_new_tokens": 24, "do_sample": False}
 MATH_ROWS = [{"problem": f"What is {a}+{b}? Think, then answer.", "solution": str(a + b)} for a, b in [(2, 2), (13, 29), (7, 8)]]
 
 
@@ -47,11 +45,6 @@ def colocated():
 @pytest.fixture(scope="module")
 def queries():
     return task.generate_tasks(4, seed=11)
-
-
-def calculator_env(model, tokenizer, engine):
-    return TextEnvironment(model, tokenizer, {task.TOOL_NAME: Calculator()}, task.exact_match_reward, task.PROMPT,
-                           max_turns=3, generation_kwargs=GREEDY, engine=engine)
 
 
 def greedy_turns(engine, contexts):
@@ -113,16 +106,10 @@ def test_a_ppo_step_reaches_the_colocated_engine_in_memory(colocated, bundled, q
 
 
 def test_a_lora_policy_is_loaded_with_its_adapters_merged(colocated, bundled, queries):
-    from peft import LoraConfig, get_peft_model
-
     from textenv.engine.engine import GenerationEngine
 
     base, tokenizer = bundled
-    policy = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, parameter in policy.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.05)
+    policy = lora_policy(base)
     engine = VLLMEngine(policy, tokenizer, [colocated])
     contexts = [tokenizer(task.PROMPT + q, return_tensors="pt").input_ids[0] for q in queries[0]]
     served = greedy_turns(engine, contexts)

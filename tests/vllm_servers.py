@@ -61,6 +61,40 @@ def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
     return servers, errors
 
 
+GREEDY = {"max_new_tokens": 24, "do_sample": False}
+
+
+def calculator_env(model, tokenizer, engine, tool_format="tags", generation_kwargs=GREEDY):
+    """The calculator task's `TextEnvironment` (three turns) on `engine`, for the vLLM tests' greedy comparisons."""
+    from textenv.environment import TextEnvironment
+    from textenv.tasks import calculator as task
+    from textenv.tools import Calculator
+
+    if tool_format == "json":  # a JSON call of the calculator is about 34 tokens
+        generation_kwargs = {**generation_kwargs, "max_new_tokens": 48}
+    return TextEnvironment(
+        model, tokenizer, {task.TOOL_NAME: Calculator()},
+        task.json_exact_match_reward if tool_format == "json" else task.exact_match_reward,
+        task.JSON_PROMPT if tool_format == "json" else task.PROMPT,
+        max_turns=3, generation_kwargs=generation_kwargs, tool_format=tool_format, engine=engine,
+    )
+
+
+def lora_policy(base):
+    """A LoRA copy of `base` whose adapters are random (lora_B ~ N(0, 0.05)), so that they change its tokens."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    return policy
+
+
 def stop_all() -> None:
     """Stop the servers; a later `bundled_servers` call (a later module in the same session) starts new ones."""
     global _servers
