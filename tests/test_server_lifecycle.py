@@ -122,17 +122,23 @@ def assert_all_gone(pgid: int, port: int) -> None:
 
 def start_serve(tmp_path: Path, environment: dict[str, str], *args: str, grace: float = GRACE, python: str = sys.executable,
                 ignore_hangup: bool = False):
-    """`textenv serve` as a subprocess on a free port: (process, port, its stdout file). It starts with SIGHUP at
-    its default action, as from a terminal, even when the tests run under `nohup` (which would otherwise pass on
-    the ignored SIGHUP that `textenv serve` deliberately keeps); ``ignore_hangup``: started as under `nohup`."""
+    """`textenv serve` as a subprocess on a free port: (process, port, its stdout file). It starts with SIGHUP and
+    SIGINT at their default actions, as from a terminal, even when the tests run under `nohup` or as a shell's
+    background job (which would otherwise pass on the ignored SIGHUP or SIGINT that `textenv serve` deliberately
+    keeps); ``ignore_hangup``: started as under `nohup`."""
     port = free_port()
     output = tmp_path / f"serve-{port}.out"
     command = [sys.executable, "-m", "textenv.cli", "serve", "--port", str(port), "--vllm_python", python,
                "--stop_grace", str(grace), *args]
     hangup = signal.SIG_IGN if ignore_hangup else signal.SIG_DFL
+
+    def as_from_a_terminal() -> None:
+        signal.signal(signal.SIGHUP, hangup)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     with open(output, "w") as stdout:
         process = subprocess.Popen(command, env=environment, stdout=stdout, stderr=subprocess.STDOUT,
-                                   preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup))
+                                   preexec_fn=as_from_a_terminal)
     return process, port, output
 
 
