@@ -29,6 +29,7 @@ def pytest_configure(config):
     # vLLM servers the tests start skip torch.compile: 50 s to start instead of about 150 s on 2 cores, where vLLM
     # 0.32 recompiles at every start (its compile cache fails to load under torch 2.13); decoding is the same math.
     os.environ.setdefault("TEXTENV_VLLM_SERVER_ARGS", "--enforce-eager")
+    os.environ.setdefault("TEXTENV_VLLM_LLM_KWARGS", '{"enforce_eager": true}')
     # `make test-matrix` runs the suite at 1 and 2 torch threads; OMP_NUM_THREADS alone reaches subprocesses.
     if os.environ.get("TEXTENV_TEST_THREADS"):
         torch.set_num_threads(int(os.environ["TEXTENV_TEST_THREADS"]))

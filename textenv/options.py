@@ -58,9 +58,17 @@ class EpisodeArguments:
         default=None, metadata={"help": "--engine vllm: the server(s), comma-separated (none: textenv starts one for the model, see `textenv serve`)"}
     )
     vllm_mode: str = field(default="server", metadata={"help": "--engine vllm: 'server' (HTTP) or 'colocate' (vLLM in this process)"})
+    vllm_gpu_memory_utilization: Optional[float] = field(
+        default=None, metadata={"help": "--vllm_mode colocate on a GPU: vLLM's share of its memory (default 0.3, TRL's; the rest is the trainer's)"}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "--vllm_mode colocate on a GPU: vLLM releases its memory while the trainer steps (weights offloaded, KV cache "
+                          "dropped) and takes it back for the next episodes; not with --max_staleness >= 1"},
+    )
     vllm_dtype: str = field(
         default="float32",
-        metadata={"help": "--engine vllm without --vllm_server_url: the started server's --dtype (float32: the tokens of the trained "
+        metadata={"help": "--engine vllm without --vllm_server_url: the started (or colocated) vLLM's --dtype (float32: the tokens of the trained "
                           "float32 policy; auto: float32 on a CPU without native bf16, else vLLM's choice, bf16; the choice is logged)"},
     )
 
@@ -81,6 +89,10 @@ class EpisodeArguments:
             raise ValueError(f"--engine must be one of {list(ENGINES)}, got {self.engine!r}.")
         if self.vllm_mode not in VLLM_MODES:
             raise ValueError(f"--vllm_mode must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}.")
+        colocated_only = [name for name, value in (("--vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization),
+                                                   ("--vllm_enable_sleep_mode", self.vllm_enable_sleep_mode)) if value]
+        if colocated_only and (self.engine != "vllm" or self.vllm_mode != "colocate"):
+            raise ValueError(f"{' and '.join(colocated_only)} set(s) vLLM in the training process: add --engine vllm --vllm_mode colocate.")
 
     def engine_options(self, model) -> dict[str, Any]:
         """The front ends' engine arguments (`engine`, `vllm_server_url`, `vllm_mode`, `mixed_precision`). With
@@ -94,7 +106,13 @@ class EpisodeArguments:
 
             url = shared_server(model_folder(model), self.vllm_dtype).url
         # The PPO step still runs in --mixed_precision; the server decodes in its own dtype.
-        return {"engine": "vllm", "vllm_server_url": url, "vllm_mode": self.vllm_mode, "mixed_precision": None}
+        options = {"engine": "vllm", "vllm_server_url": url, "vllm_mode": self.vllm_mode, "mixed_precision": None}
+        if self.vllm_mode == "colocate":
+            llm_kwargs: dict[str, Any] = {"sleep_mode": self.vllm_enable_sleep_mode, "dtype": self.vllm_dtype}
+            if self.vllm_gpu_memory_utilization is not None:
+                llm_kwargs["gpu_memory_utilization"] = self.vllm_gpu_memory_utilization
+            options["vllm_kwargs"] = {"llm_kwargs": llm_kwargs}
+        return options
 
     def generation_kwargs(self) -> dict[str, Any]:
         """`generate` keyword arguments: the legacy examples' sampling (no top-k / top-p) at `temperature`,

@@ -186,6 +186,11 @@ class EpisodePipeline:
                 "engine decodes with the trainer's live weights in this process, so a rollout thread would read weights the "
                 "optimizer is writing and share the trainer's CPU cores (no speed-up). Use --engine vllm, or max_staleness=0."
             )
+        if getattr(self.engine, "sleeps_between_runs", False):
+            raise ValueError(
+                f"max_staleness={self.max_staleness} plays episodes while the trainer steps, when vLLM's sleep mode would have "
+                "released its memory: turn one off (--vllm_enable_sleep_mode false, or max_staleness=0)."
+            )
         self.engine.prepare()  # the first check and sync, before the trainer runs beside the rollouts
         self.engine.auto_sync = False
         self.engine.policy_version = start_step

