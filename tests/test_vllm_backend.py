@@ -26,7 +26,7 @@ import warnings
 import pytest
 import torch
 
-from tests.vllm_servers import GREEDY, bundled_servers, calculator_env, lora_policy, stop_all
+from tests.vllm_servers import GREEDY, bundled_servers, calculator_env, lora_policy
 from textenv.gym import GymScheduler, read_completions
 from textenv.tasks import calculator as task
 from textenv.vllm import VLLMEngine, VLLMServerClient, VLLMServerError
@@ -40,8 +40,7 @@ MATH_ROWS = [{"problem": f"What is {a}+{b}? Think, then answer.", "solution": st
 
 @pytest.fixture(scope="module")
 def servers():
-    yield bundled_servers(2)
-    stop_all()
+    return bundled_servers(2)
 
 
 @pytest.fixture(scope="module")

