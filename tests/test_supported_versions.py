@@ -1,4 +1,4 @@
-"""The installed transformers, trl, accelerate and peft lie inside the ranges pyproject.toml declares, so a
+"""The installed torch, transformers, trl, accelerate and peft lie inside the ranges pyproject.toml declares, so a
 virtual environment outside them fails here, loudly, instead of somewhere obscure. `make test` runs the suite
 at both ends of each range: in .venv (the newest releases) and in .venv-lower (the pins in
 .ci/lower-bounds.txt); every range has an upper bound, the newest minor release the suite has passed on."""
@@ -29,7 +29,7 @@ def declared_specifier(name):
 
 
 # The packages whose internals textenv uses: each has a range checked at both ends.
-CHECKED_PACKAGES = ("transformers", "trl", "accelerate", "peft")
+CHECKED_PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft")
 
 
 def lower_bound_pins():
