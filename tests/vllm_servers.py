@@ -16,6 +16,7 @@ from textenv.vllm.server import VLLMServer, find_vllm_python, free_port, shared_
 
 _servers: list[VLLMServer] = []
 _failure: str | None = None
+_starts = 0  # how many times servers were started this session (the first start goes through `shared_server`)
 
 
 def bundled_servers(count: int = 2) -> list[VLLMServer]:
@@ -33,7 +34,7 @@ def bundled_servers(count: int = 2) -> list[VLLMServer]:
         except FileNotFoundError as error:
             _failure = str(error)
         else:
-            started, errors = _start(python, count - len(_servers), through_shared_server=not _started_once())
+            started, errors = _start(python, count - len(_servers), through_shared_server=_starts == 0)
             _servers += started
             if errors:
                 _failure = f"a vLLM server did not start: {errors[0]}"
@@ -42,14 +43,11 @@ def bundled_servers(count: int = 2) -> list[VLLMServer]:
     return _servers[:count]
 
 
-def _started_once() -> bool:
-    return bool(_servers) or _start.calls > 0
-
-
 def _start(python: str, count: int, through_shared_server: bool) -> tuple[list[VLLMServer], list[str]]:
     """Start `count` servers at once; with `through_shared_server`, the first as `--engine vllm` without a URL
     starts one (`shared_server`, so that path runs for real), the others directly."""
-    _start.calls += 1
+    global _starts
+    _starts += 1
     folder = str(bundled_model_path())
     servers: list = [None] * count
     errors: list[str] = []
@@ -69,9 +67,6 @@ def _start(python: str, count: int, through_shared_server: bool) -> tuple[list[V
     for thread in threads:
         thread.join()
     return [server for server in servers if server is not None], errors
-
-
-_start.calls = 0
 
 
 GREEDY = {"max_new_tokens": 24, "do_sample": False}

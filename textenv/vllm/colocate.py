@@ -124,7 +124,6 @@ class ColocatedVLLM:
             raise ValueError(f"sleep_level must be 1 (weights offloaded to CPU memory) or 2 (weights dropped), got {sleep_level!r}.")
         self.sleep_mode, self.sleep_level = sleep_mode, sleep_level
         self.asleep = False  # vLLM's memory is released (sleep mode)
-        self._weights_dropped = False  # asleep at level 2: a weight load must come before any request
         if sleep_mode:
             llm_kwargs["enable_sleep_mode"] = True
         vllm = import_vllm()
@@ -187,12 +186,12 @@ class ColocatedVLLM:
             self.llm.collective_rpc("textenv_load_shared_weights", kwargs={"segment": block.name, "index": index})
             if self.asleep:
                 self.llm.wake_up(tags=["kv_cache"])
-                self.asleep = self._weights_dropped = False
+                self.asleep = False
 
     @property
     def needs_weights(self) -> bool:
         """Whether a weight load must come before the next request (asleep at level 2)."""
-        return self._weights_dropped
+        return self.asleep and self.sleep_level == 2
 
     def sleep(self) -> bool:
         """Release vLLM's GPU memory until the next weight load or request (sleep mode only; see `sleep_level`).
@@ -203,7 +202,7 @@ class ColocatedVLLM:
             if self.asleep or self._unfinished or not self._arrivals.empty():
                 return False
             self.llm.sleep(level=self.sleep_level)
-            self.asleep, self._weights_dropped = True, self.sleep_level == 2
+            self.asleep = True
             return True
 
     def close(self) -> None:
@@ -236,7 +235,7 @@ class ColocatedVLLM:
     # ------------------------------------------------------------------ the driver thread
     def _submit(self, prompt_ids: list[int], params) -> Any:
         with self._engine_lock:
-            if self._weights_dropped:
+            if self.needs_weights:
                 raise RuntimeError("vLLM's weights were dropped by sleep level 2: load the weights (load_weights) before the next request.")
             if self.asleep:
                 self.llm.wake_up()

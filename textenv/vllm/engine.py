@@ -184,14 +184,16 @@ class VLLMEngine:
         try:
             return run_sync(coroutine)
         finally:
-            for client in self.clients:
-                if getattr(client, "sleep_mode", False):
-                    client.sleep()
+            for client in self._sleeping_clients():
+                client.sleep()
 
     @property
     def sleeps_between_runs(self) -> bool:
         """Whether a colocated vLLM releases its memory after each run of episodes (sleep mode)."""
-        return any(getattr(client, "sleep_mode", False) for client in self.clients)
+        return bool(self._sleeping_clients())
+
+    def _sleeping_clients(self) -> list:
+        return [client for client in self.clients if getattr(client, "sleep_mode", False)]
 
     # ------------------------------------------------------------------------------ weights and checks
     def prepare(self, call: int | None = None) -> None:
