@@ -79,6 +79,10 @@ class GymPlay(Episode):
     def _env_maker(self, request) -> Callable[[], Env]:
         """How to build this row's env: the scheduler's TRL environments (`environment_factory`), else the
         registered class its `env_config` (or `gym_env`) names, resolved now (an unknown name fails here)."""
+        verifiers = self.scheduler.verifiers_environments
+        if verifiers is not None:
+            self.result.env_name = verifiers.name
+            return lambda: verifiers.adapter(self.row, self.result.row_index)
         trl = self.scheduler.trl_environments
         if trl is not None:
             self.result.env_name = trl.env_name(self.row)
@@ -151,7 +155,8 @@ class GymPlay(Episode):
         self.result.turn_policy_versions.append(completion.policy_version)
         self._checked("generate", lambda: self.transcript.add_reply(completion, self.prompt), self.turns)
         self._count_cut_tool_call(completion)
-        outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages), self.turns)
+        extra = {"completion": completion} if "completion" in inspect.signature(self.env.step).parameters else {}
+        outcome = await self._env_call("step", lambda: self.env.step(self.transcript.messages, **extra), self.turns)
         observation, reward, done, info = self._checked("step", lambda: check_step_result(outcome, type(self.env).__name__), self.turns)
         self.result.step_rewards.append(reward)
         self.result.total_reward += reward

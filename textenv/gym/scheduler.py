@@ -109,6 +109,13 @@ class GymScheduler:
         reward_funcs (`Callable` or `list[Callable]`, *optional*): with `environment_factory`, TRL-style
             reward functions ``f(prompts, completions, **kwargs) -> list[float]``, summed into each episode's
             final reward (with `get_reward`, if the environment defines it).
+        verifiers_env (*optional*): a classic verifiers environment (``vf.load_environment(ID, **args)``,
+            verifiers 0.3, `textenv[verifiers]`). Each row (from its `get_dataset()` / `get_eval_dataset()`) is
+            played by verifiers' own rollout code with the model's turns from this scheduler's engine, and
+            each row's episodes are scored together by its rubric (`score_group`): the episode's
+            `final_reward` is verifiers' reward, its last trajectory info holds the metrics. The
+            environment's own `max_turns` and stop conditions end episodes, so `max_turns` must be `None`.
+            See `textenv.gym.verifiers_envs`.
 
     Attributes:
         stats (`RunStats`): counters of the last run.
@@ -142,6 +149,7 @@ class GymScheduler:
         tools: Optional[Sequence[Callable]] = None,
         reward_funcs: Union[Callable, Sequence[Callable], None] = None,
         fit_tool_calls: bool = False,
+        verifiers_env: Any = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -181,6 +189,27 @@ class GymScheduler:
             self.trl_environments = TrlEnvironments(environment_factory, tools=tools, reward_funcs=reward_funcs)
         elif tools or reward_funcs:
             raise ValueError("GymScheduler: tools= and reward_funcs= go with environment_factory= (TRL environments); pass it too.")
+        self.verifiers_environments = None
+        if verifiers_env is not None:
+            self.verifiers_environments = self._verifiers_environments(verifiers_env, gym_env, environment_factory)
+
+    def _verifiers_environments(self, verifiers_env: Any, gym_env: Optional[str], environment_factory: Any):
+        """Check and wrap `verifiers_env` (imported only here: textenv never needs verifiers otherwise)."""
+        if gym_env is not None or environment_factory is not None:
+            raise ValueError("GymScheduler: give one of gym_env, environment_factory and verifiers_env.")
+        if self.max_turns is not None:
+            raise ValueError(
+                f"GymScheduler: max_turns={self.max_turns} with verifiers_env; the environment's own max_turns ends its "
+                "episodes: load it with that argument (vf.load_environment(ID, max_turns=N)) and leave max_turns=None here."
+            )
+        try:
+            from textenv.gym.verifiers_envs import VerifiersEnvironments
+        except ImportError as error:
+            raise ImportError(f"verifiers_env needs verifiers 0.3 ({error}): pip install 'textenv[verifiers]'.") from error
+        name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "textenv"
+        kwargs = self.generation_kwargs
+        sampling_args = {"max_tokens": kwargs.get("max_new_tokens"), "temperature": kwargs.get("temperature", 1.0) if kwargs.get("do_sample") else 0.0}
+        return VerifiersEnvironments(verifiers_env, model_name=name, sampling_args=sampling_args)
 
     def chat_tools(self) -> ChatTools:
         """The template and parser for envs with JSON tool calls (set up, and checked, at the first use)."""
@@ -294,7 +323,7 @@ class GymScheduler:
                 for _ in range(num_generations):
                     yield lambda index=index, row=row: GymPlay(self, index, row, step, timeouts)
 
-        def on_done(index: int, play: GymPlay) -> None:
+        def finish(index: int, play: GymPlay) -> None:
             episode = play.finish()
             self.stats.episodes += 1
             self.stats.errors += bool(episode.errors)
@@ -304,9 +333,19 @@ class GymScheduler:
             if keep_episodes:
                 results.append((index, episode))
 
+        scoring = None
+        if self.verifiers_environments is not None:  # verifiers scores a row's episodes together
+            from textenv.gym.verifiers_envs import GroupScoring
+
+            scoring = GroupScoring(self.verifiers_environments, num_generations, finish, self.step_timeout)
         try:
-            await play_all(plays(), generator, self.max_concurrency, on_done)
+            await play_all(plays(), generator, self.max_concurrency, scoring.add if scoring is not None else finish)
+            if scoring is not None:
+                await scoring.wait()
         finally:
+            if scoring is not None:
+                for task in list(scoring.tasks):
+                    task.cancel()
             await timeouts.cancel_abandoned()
             bar.close()
             if own_log and log is not None:
