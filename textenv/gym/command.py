@@ -5,6 +5,7 @@ Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`,
 
     textenv rollout --model bundled --dataset rows.jsonl --gym_env NAME --max_turns 4 --output completions.jsonl
     textenv rollout --model bundled --dataset rows.jsonl --environment_factory my_env.py:MyEnv --max_new_tokens 64
+    textenv rollout --model bundled --task verifiers --env_id my-env --env_args '{"max_turns": 4}'
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class RolloutArguments:
     output: str = field(default="completions.jsonl", metadata={"help": "the completions.jsonl to append the episodes to"})
     num_generations: int = field(default=1, metadata={"help": "episodes per dataset row"})
     seed: int = field(default=0, metadata={"help": "seed of torch (sampling) and of a tiny model's weights"})
+    task: str = field(default="gym", metadata={"help": "gym (--dataset rows) or verifiers (--env_id: its eval rows, or --dataset)"})
 
 
 def summarize(episodes) -> dict[str, Any]:
@@ -44,16 +46,20 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     import torch
     from trl import ModelConfig
 
-    from textenv.gym import load_plugins, load_rows
+    from textenv.gym import load_plugins
     from textenv.training.policy import load_policy
 
     classes = (EpisodeArguments, GymArguments, RolloutArguments, ModelConfig, CommandArguments)
     episode, gym, rollout, model_config, command = parse_options(classes, argv, prog="textenv rollout", description=__doc__)
-    if not gym.dataset:
+    if rollout.task not in ("gym", "verifiers"):
+        raise ValueError(f"--task must be gym or verifiers, got {rollout.task!r}.")
+    if (rollout.task == "verifiers") != bool(gym.env_id):
+        raise ValueError("--task verifiers needs --env_id (the verifiers environment), and --env_id needs --task verifiers.")
+    if not gym.dataset and not gym.env_id:
         raise ValueError("textenv rollout needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
     setup_logging(command.log_level)
     load_plugins(gym.external_plugins)
-    rows = load_rows(gym.dataset)
+    rows = gym.rows(split="eval")
     torch.manual_seed(rollout.seed)
     model, tokenizer = load_policy(
         model_config.model_name_or_path or "bundled", device=episode.device, value_head=False, dtype=model_config.dtype, seed=rollout.seed

@@ -68,8 +68,9 @@ def chat_dicts(messages: Sequence[Any], where: str, tool_names: Optional[Dict[st
 
 
 def openai_tool_call(call: Any) -> Dict[str, Any]:
-    """A verifiers tool call (flat, or already in OpenAI's form) in OpenAI's form."""
-    fields = call if isinstance(call, dict) else call.model_dump()
+    """A verifiers tool call (a `ToolCall`, its JSON as verifiers' saved outputs hold it, or a dict, flat or
+    already in OpenAI's form) in OpenAI's form."""
+    fields = call if isinstance(call, dict) else json.loads(call) if isinstance(call, str) else call.model_dump()
     if "function" in fields:
         return fields
     return {"id": fields.get("id", ""), "type": "function", "function": {"name": fields.get("name", ""), "arguments": fields.get("arguments", "")}}

@@ -30,7 +30,7 @@ from textenv.options import CommandArguments, EpisodeArguments, GymArguments, pa
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("calculator", "gym")
+TASKS = ("calculator", "gym", "verifiers")
 
 
 @dataclass
@@ -93,6 +93,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
         raise ValueError(f"--task must be one of {list(TASKS)}, got {run.task!r}.")
     if run.task == "gym" and not options.gym.dataset:
         raise ValueError("--task gym needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
+    if (run.task == "verifiers") != bool(options.gym.env_id):
+        raise ValueError("--task verifiers needs --env_id (the verifiers environment), and --env_id needs --task verifiers.")
     if run.report_to not in ("none", "tensorboard", "wandb", "trackio"):
         raise ValueError(f"--report_to must be none, tensorboard, wandb or trackio, got {run.report_to!r}.")
     if run.report_to != "none":
@@ -147,11 +149,11 @@ def _episode_source(trainer, tokenizer, options: TrainOptions):
         # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
         seed = options.ppo.seed + accelerator.process_index
         return TextEnvironmentSource(env, calculator_task_batches(batch_size, seed, plain=episode.tool_format == "json"))
-    from textenv.gym import GymSource, load_plugins, load_rows
+    from textenv.gym import GymSource, load_plugins
 
     load_plugins(options.gym.external_plugins)
     scheduler = options.gym.scheduler(trainer.model, tokenizer, episode)
-    rows = load_rows(options.gym.dataset)[accelerator.process_index :: accelerator.num_processes]  # each process its share
+    rows = options.gym.rows()[accelerator.process_index :: accelerator.num_processes]  # each process its share
     completions = Path(options.run.output_dir) / "completions.jsonl" if accelerator.is_main_process else None
     return GymSource(scheduler, rows, batch_size, completions_path=completions)
 
@@ -194,7 +196,7 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
     summary = {
         "base_model": model_config.model_name_or_path or "bundled",
         "algorithm": options.algorithm.algorithm.upper(),
-        "task_description": f"the {run.task} task" + (f" ({options.gym.dataset})" if run.task == "gym" else ""),
+        "task_description": f"the {run.task} task" + (f" ({options.gym.dataset or options.gym.env_id})" if run.task != "calculator" else ""),
         "steps": ppo_config.total_ppo_epochs,
         "batch_size": ppo_config.batch_size,
         "learning_rate": ppo_config.learning_rate,
