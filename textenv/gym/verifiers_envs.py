@@ -141,8 +141,7 @@ def check_drivable(environment: Any) -> None:
                 "environments (the completion format is deprecated in verifiers 0.3). Load it with message_type='chat'."
             )
         return
-    module = type(environment).__module__ or ""
-    if module.startswith("verifiers.v1") or hasattr(environment, "harness"):
+    if _is_v1_environment(environment):
         raise TypeError(
             f"verifiers_env: {type(environment).__name__} is a verifiers v1 environment. Its harness talks to the model through "
             "verifiers' interception server (an OpenAI endpoint per rollout), which textenv's episode driver does not provide; "
@@ -150,6 +149,14 @@ def check_drivable(environment: Any) -> None:
             "subclasses). Serve the model with `textenv serve` and evaluate it with verifiers' own v1 runner instead."
         )
     raise TypeError(f"verifiers_env: expected a verifiers Environment (vf.load_environment(...)), got {type(environment).__name__}.")
+
+
+def _is_v1_environment(environment: Any) -> bool:
+    try:
+        from verifiers.v1.env import Env as V1Env
+    except ImportError:  # a verifiers without v1
+        return False
+    return isinstance(environment, V1Env)
 
 
 class VerifiersEnvironment(Env):
