@@ -49,6 +49,10 @@ VERSION_INDEPENDENT = {
     "test_example_word_problems.py": "the word-problem example's task data and reward: Python only",
     "test_gym_example.py": END_TO_END,
     "test_readme_examples.py": END_TO_END,
+    **{module: ("verifiers environments: verifiers is installed in the main environment only (textenv[verifiers]); the adapter "
+                "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler, "
+                "test_trl_environments and test_train_command run in both halves")
+       for module in ("test_verifiers_adapter.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
 }
 
 # The modules that run vLLM (servers, or colocated in the test process). `make test` runs them in `.venv-vllm`, where
