@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import vllm_bench
@@ -78,6 +80,12 @@ def _rewards(pairs) -> dict:
     return {(example, index): reward for example, rewards in by_example.items() for index, reward in enumerate(sorted(rewards))}
 
 
+@contextlib.contextmanager
+def _given_server(url: str):
+    """A server started elsewhere, described as `running_server`'s (no start-up time, not stopped here)."""
+    yield types.SimpleNamespace(url=url, startup_seconds=None, process=types.SimpleNamespace(pid=None))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -86,6 +94,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--envs", default="arithmetic,alphabet-sort")
+    parser.add_argument("--url", default=None, help="a running server of the bundled model (`textenv serve`); default: start one")
     args = parser.parse_args()
 
     from textenv.gym import GymScheduler
@@ -94,7 +103,7 @@ def main() -> None:
 
     model, tokenizer = load_bundled_model()
     results = {}
-    with vllm_bench.running_server(args.dtype) as server:
+    with (_given_server(args.url) if args.url else vllm_bench.running_server(args.dtype)) as server:
         served = VLLMServerClient(server.url).request("GET", "/v1/models")["data"][0]["id"]
         with vllm_bench.prepared_engine(server.url, model, tokenizer) as engine:
             for name in args.envs.split(","):
@@ -103,15 +112,18 @@ def main() -> None:
                 scheduler = GymScheduler(model, tokenizer, verifiers_env=env, engine=engine, max_concurrency=256, batch_size=256,
                                          generation_kwargs={"max_new_tokens": args.max_tokens, "do_sample": False})
                 times = {"verifiers": [], "textenv": []}
+                client_cpu = {"verifiers": [], "textenv": []}
                 rewards = {}
                 for run in range(args.runs):
                     for side in (("verifiers", "textenv") if run % 2 == 0 else ("textenv", "verifiers")):
                         vllm_bench.fresh_cache(engine)
+                        cpu = time.process_time()
                         if side == "verifiers":
                             seconds, rewards[side] = verifiers_side(env, rows, args.generations, server.url, served, args.max_tokens)
                         else:
                             seconds, rewards[side] = textenv_side(scheduler, rows, args.generations)
                         times[side].append(seconds)
+                        client_cpu[side].append(time.process_time() - cpu)
                         print(f"[{name}] run {run + 1} {side}: {seconds:.1f} s", file=sys.stderr, flush=True)
                 episodes = len(rows) * args.generations
                 same = sum(rewards["verifiers"].get(key) == value for key, value in rewards["textenv"].items())
@@ -120,12 +132,14 @@ def main() -> None:
                     **{f"{side}_seconds": statistics.median(times[side]) for side in times},
                     **{f"{side}_episodes_per_s": episodes / statistics.median(times[side]) for side in times},
                     **{f"{side}_mean_reward": statistics.fmean(rewards[side].values()) for side in rewards},
+                    **{f"{side}_client_cpu_seconds": statistics.median(client_cpu[side]) for side in client_cpu},
                     "same_reward": same, "runs": args.runs,
                 }
                 r = results[name]
                 print(f"{name}: {episodes} episodes, verifiers {r['verifiers_episodes_per_s']:.2f} ep/s (reward {r['verifiers_mean_reward']:.3f}), "
                       f"textenv {r['textenv_episodes_per_s']:.2f} ep/s (reward {r['textenv_mean_reward']:.3f}), "
-                      f"textenv/verifiers {r['textenv_episodes_per_s'] / r['verifiers_episodes_per_s']:.2f}x, same reward {same}/{episodes}")
+                      f"textenv/verifiers {r['textenv_episodes_per_s'] / r['verifiers_episodes_per_s']:.2f}x, same reward {same}/{episodes}; "
+                      f"this process's CPU seconds: verifiers {r['verifiers_client_cpu_seconds']:.1f}, textenv {r['textenv_client_cpu_seconds']:.1f}")
         record = vllm_bench.server_record(server, args.dtype)
     print("BENCH_RESULT " + json.dumps({"server": record, "results": results, "max_tokens": args.max_tokens}))
 

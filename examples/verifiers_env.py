@@ -11,7 +11,7 @@ The example measures the tasks solved on the environment's held-out rows (`get_e
 training, sampled at temperature 1 and greedy, and writes its run directory (``--output_dir``, default
 ``outputs/verifiers_env``; see it with ``textenv view outputs/verifiers_env``). Any installed verifiers
 environment works: ``--env_id ID --env_args '{...}'`` (``--env_path`` puts a folder holding its module on the
-import path). A smoke test: ``--model tiny --ppo_steps 1 --batch_size 4 --eval_tasks 2``. The same training
+import path). A smoke test: ``--model tiny --ppo_steps 1 --batch_size 4 --num_generations 2 --eval_tasks 2``. The same training
 from the command line:
 
     PYTHONPATH=examples/verifiers textenv train --task verifiers --env_id arithmetic \\

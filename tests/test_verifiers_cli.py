@@ -59,7 +59,7 @@ def test_command_line_mistakes_name_the_fix(argv, error, message, tmp_path):
 
 def test_verifiers_example_end_to_end(tmp_path, capsys):
     main = runpy.run_path(str(EXAMPLES / "verifiers_env.py"))["main"]
-    result = main(["--model", "tiny", "--ppo_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--eval_tasks", "2",
+    result = main(["--model", "tiny", "--ppo_steps", "1", "--batch_size", "4", "--mini_batch_size", "4", "--num_generations", "2", "--eval_tasks", "2",
                    "--max_new_tokens", "4", "--threads", "0", "--no_progress", "--output_dir", str(tmp_path), "--env_args", ENV_ARGS])
     assert len(result["train_rewards"]) == 1 and all(0.0 <= result[key] <= 1.0 for key in ("greedy_before", "greedy_after"))
     phases = sorted({episode["phase"] for episode in load_run(tmp_path).episodes})
