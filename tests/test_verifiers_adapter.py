@@ -359,3 +359,20 @@ def test_rows_without_prompt_say_which_rows_to_pass(tokenizer):
     env = single_turn_env()
     episodes = GymScheduler(None, tokenizer, policy=ScriptedPolicy(tokenizer, lambda context: ""), verifiers_env=env).run(QUESTIONS)
     assert all("pass the rows verifiers formats (environment.get_dataset()" in episode.errors[0]["message"] for episode in episodes)
+
+
+class ForgetfulGuessEnv(GuessEnv):
+    """Rewrites the history each turn (keeps only the opening and the last hint): not one growing conversation."""
+
+    async def get_prompt_messages(self, state):
+        messages = await super().get_prompt_messages(state)
+        return messages if not state["trajectory"] else [*state["prompt"], messages[-1]]
+
+
+def test_environment_that_rewrites_the_history_fails_its_episode_with_the_reason(tokenizer):
+    env = ForgetfulGuessEnv(dataset=guess_env().get_dataset(), max_turns=4, rubric=vf.Rubric(funcs=[lambda state: 1.0]))
+    policy = scripted_policy(tokenizer, Chooser(guess_script, 1), is_question)
+    episodes = GymScheduler(None, tokenizer, policy=policy, verifiers_env=env).run(env.get_dataset())
+    for episode in episodes:
+        assert episode.errors[0]["stage"] == "step" and "does not extend the conversation" in episode.errors[0]["message"]
+        assert episode.num_turns == 1
