@@ -11,6 +11,9 @@ from scope import LOWER_HALF_ONLY, VERSION_INDEPENDENT, VLLM_MODULES
 from textenv.models import load_bundled_model, load_tokenizer
 from textenv.testing import tiny_causal_lm
 
+# Test data, not tests: the vendored verifiers environments (tool_test.py matches pytest's *_test.py pattern).
+collect_ignore_glob = ["data/*"]
+
 
 def pytest_addoption(parser):
     parser.addoption("--lower-bounds", action="store_true",
