@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textenv import options, training
-from textenv.gym import GymSource, evaluate, load_rows
+from textenv.gym import GymSource, evaluate
 from textenv.logs import setup_logging
 from textenv.reporting import peak_memory_mb
 from textenv.view import set_aside_previous_run
@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     evaluate_held_out = functools.partial(evaluate, scheduler, held_out)
 
     before = training.measure(evaluate_held_out, "before", example.output_dir, tokenizer)
-    rows = load_rows(gym.rows())
-    tasks = GymSource(scheduler, rows, settings.batch_size, completions_path=Path(example.output_dir) / "completions.jsonl")
+    tasks = GymSource(scheduler, gym.rows(), settings.batch_size, completions_path=Path(example.output_dir) / "completions.jsonl")
     logs = training.train(trainer, tasks, settings.ppo_steps, progress=not command.no_progress, run_dir=example.output_dir,
                           max_staleness=settings.max_staleness)
     after = training.measure(evaluate_held_out, "after", example.output_dir, tokenizer, step=len(logs))

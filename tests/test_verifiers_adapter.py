@@ -21,7 +21,7 @@ from datasets import Dataset  # noqa: E402
 from textenv.gym import GymScheduler, ScriptedPolicy, read_completions  # noqa: E402
 from textenv.gym.verifiers_envs import load_verifiers_environment  # noqa: E402
 from textenv.gym.verifiers_messages import chat_dicts  # noqa: E402
-from tests.verifiers_stub import Chooser, comparable, openai_stub_client, rendered, scripted_policy  # noqa: E402
+from tests.verifiers_stub import Chooser, rendered, scripted_policy, textenv_own, verifiers_own  # noqa: E402
 
 QUESTIONS = [{"question": "What is 2+3?", "answer": "5"}, {"question": "What is 4+4?", "answer": "8"}]
 
@@ -118,30 +118,16 @@ def guess_script(question: str, choice: int, turn: int):
     return f"My guess is {guesses[turn]}", None
 
 
-async def verifiers_own(env, script, generations: int):
-    """verifiers' own rollouts and scores of every row, `generations` per row, against the stub endpoint."""
-    rows = [row for row in env.get_dataset() for _ in range(generations)]
-    client = openai_stub_client(Chooser(script, generations), is_question)
-    results = await env.generate(rows, client=client, model="stub", sampling_args={"max_tokens": 64})
-    outputs = results["outputs"]
-    return sorted(comparable([*output["prompt"], *output["completion"]], [output["reward"], output["metrics"]]) for output in outputs)
-
-
-def textenv_own(env, tokenizer, script, generations: int):
-    policy = scripted_policy(tokenizer, Chooser(script, generations), is_question)
-    episodes = GymScheduler(None, tokenizer, policy=policy, verifiers_env=env, loss_scale="all").run(env.get_dataset(), num_generations=generations)
-    assert not [episode.errors for episode in episodes if episode.errors]
-    return sorted(comparable(e.messages, [e.final_reward, e.trajectory_infos[-1]["metrics"]]) for e in episodes)
-
-
 @pytest.mark.parametrize("make_env, script", [
     (single_turn_env, answer_script),
     (tool_env, tool_script),
     (guess_env, guess_script),
 ], ids=["single_turn", "tool_env", "multi_turn_group_reward"])
 def test_equal_to_verifiers_own_rollout(tokenizer, make_env, script):
-    expected = asyncio.run(verifiers_own(make_env(), script, generations=2))
-    got = textenv_own(make_env(), tokenizer, script, generations=2)
+    env = make_env()
+    expected = verifiers_own(env, env.get_dataset(), script, 2, is_question)
+    env = make_env()
+    got = textenv_own(env, env.get_dataset(), tokenizer, script, 2, is_question)
     assert got == expected
     assert len({reward for _, reward in got}) > 1  # the scripts' choices score differently: the comparison can fail
 
@@ -207,8 +193,9 @@ def notebook_script(question: str, choice: int, turn: int):
 def test_stateful_tool_env_injects_state_arguments_and_hides_them(tokenizer):
     env = notebook_env()
     assert [tool.name for tool in env.tool_defs] == ["write"] and "notebook_id" not in json.dumps(env.tool_defs[0].parameters)
-    got = textenv_own(env, tokenizer, notebook_script, generations=2)
-    assert got == asyncio.run(verifiers_own(notebook_env(), notebook_script, generations=2))
+    got = textenv_own(env, env.get_dataset(), tokenizer, notebook_script, 2, is_question)
+    fresh = notebook_env()
+    assert got == verifiers_own(fresh, fresh.get_dataset(), notebook_script, 2, is_question)
     rewards = sorted(json.loads(reward)[0] for _, reward in got)
     assert rewards == [1.0, 1.0, 2.0, 2.0]  # each episode wrote into its own notebook
 

@@ -4,7 +4,6 @@ OpenAI stub serving the same replies (messages, rewards, metrics), and the bundl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ vf = pytest.importorskip("verifiers", reason="the verifiers tests need textenv[v
 
 from textenv.gym import GymScheduler  # noqa: E402
 from textenv.gym.verifiers_envs import load_verifiers_environment  # noqa: E402
-from tests.verifiers_stub import Chooser, comparable, openai_stub_client, scripted_policy  # noqa: E402
+from tests.verifiers_stub import textenv_own, verifiers_own  # noqa: E402
 
 FOLDER = Path(__file__).parent / "data" / "verifiers_environments"
 OFFLINE_ARGS = {
@@ -85,16 +84,9 @@ def is_question(text: str) -> bool:
 @pytest.mark.parametrize("name", list(OFFLINE_ARGS))
 def test_vendored_environment_equals_verifiers_own_rollout(name, tokenizer):
     env = load(name)
-    rows = [row for row in env.get_dataset().select(range(2)) for _ in range(2)]
-    client = openai_stub_client(Chooser(script_for(name, env), 2), is_question)
-    outputs = asyncio.run(env.generate(rows, client=client, model="stub", sampling_args={"max_tokens": 64}))["outputs"]
-    expected = sorted(comparable([*output["prompt"], *output["completion"]], [output["reward"], output["metrics"]]) for output in outputs)
-
+    expected = verifiers_own(env, env.get_dataset().select(range(2)), script_for(name, env), 2, is_question)
     env = load(name)
-    policy = scripted_policy(tokenizer, Chooser(script_for(name, env), 2), is_question)
-    episodes = GymScheduler(None, tokenizer, policy=policy, verifiers_env=env).run(env.get_dataset().select(range(2)), num_generations=2)
-    assert [episode.errors for episode in episodes if episode.errors] == []
-    got = sorted(comparable(e.messages, [e.final_reward, e.trajectory_infos[-1]["metrics"]]) for e in episodes)
+    got = textenv_own(env, env.get_dataset().select(range(2)), tokenizer, script_for(name, env), 2, is_question)
     assert got == expected
     if name != "self_reward":  # its JudgeRubric has no reward function: always 0
         assert len({json.loads(reward)[0] for _, reward in got}) > 1

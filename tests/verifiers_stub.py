@@ -64,6 +64,26 @@ def openai_stub_client(chooser: Chooser, is_question: Callable[[str], bool]):
     return OpenAIChatCompletionsClient(AsyncOpenAI(base_url="http://stub/v1", api_key="stub", http_client=http))
 
 
+def verifiers_own(env, rows, script: Script, generations: int, is_question: Callable[[str], bool]) -> list:
+    """verifiers' own rollouts and scores of `rows`, `generations` each, against the stub endpoint, as `comparable`s."""
+    import asyncio
+
+    inputs = [row for row in rows for _ in range(generations)]
+    client = openai_stub_client(Chooser(script, generations), is_question)
+    outputs = asyncio.run(env.generate(inputs, client=client, model="stub", sampling_args={"max_tokens": 64}))["outputs"]
+    return sorted(comparable([*output["prompt"], *output["completion"]], [output["reward"], output["metrics"]]) for output in outputs)
+
+
+def textenv_own(env, rows, tokenizer, script: Script, generations: int, is_question: Callable[[str], bool]) -> list:
+    """textenv's episodes of the same rows and script (none may fail), as `comparable`s."""
+    from textenv.gym import GymScheduler
+
+    policy = scripted_policy(tokenizer, Chooser(script, generations), is_question)
+    episodes = GymScheduler(None, tokenizer, policy=policy, verifiers_env=env, loss_scale="all").run(rows, num_generations=generations)
+    assert [episode.errors for episode in episodes if episode.errors] == []
+    return sorted(comparable(e.messages, [e.final_reward, e.trajectory_infos[-1]["metrics"]]) for e in episodes)
+
+
 def _call_of(message: dict) -> Call:
     calls = message.get("tool_calls") or []
     if not calls:

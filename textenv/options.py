@@ -166,7 +166,7 @@ class GymArguments:
         if self.env_args is not None:
             if not self.env_id:
                 raise ValueError("--env_args goes with --env_id (the verifiers environment it configures).")
-            self.verifiers_env_args()
+            _env_args(self.env_args or "{}")
 
     def _max_turns(self, episode: EpisodeArguments) -> Optional[int]:
         """The scheduler's turn limit (`None`: none); a verifiers environment keeps its own.
@@ -181,21 +181,14 @@ class GymArguments:
                              f"give its max_turns in --env_args (e.g. '{{\"max_turns\": {episode.max_turns}}}') if it takes one.")
         return None
 
-    def verifiers_env_args(self) -> dict[str, Any]:
-        """`--env_args` as a dict (``{}`` without it).
+    def check_task(self, task: str) -> None:
+        """`--task verifiers` and `--env_id` go together (`textenv rollout` and `textenv train`).
 
         Raises:
-            ValueError: not a JSON object (the message quotes it).
+            ValueError: one without the other.
         """
-        import json
-
-        try:
-            parsed = json.loads(self.env_args) if self.env_args else {}
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--env_args {self.env_args!r} is not JSON ({error}); give an object, e.g. '{{\"max_turns\": 4}}'.") from error
-        if not isinstance(parsed, dict):
-            raise ValueError(f"--env_args {self.env_args!r} is a JSON {type(parsed).__name__}; give an object of load_environment's arguments.")
-        return parsed
+        if (task == "verifiers") != bool(self.env_id):
+            raise ValueError("--task verifiers needs --env_id (the verifiers environment), and --env_id needs --task verifiers.")
 
     def verifiers_environment(self):
         """The verifiers environment `--env_id` / `--env_args` name, loaded once per process (`None` without `--env_id`)."""
@@ -257,13 +250,29 @@ class GymArguments:
         )
 
 
-@functools.lru_cache(maxsize=None)
-def _load_verifiers_environment(env_id: str, env_args: str):
+def _env_args(text: str) -> dict[str, Any]:
+    """`--env_args` as a dict.
+
+    Raises:
+        ValueError: not a JSON object (the message quotes it).
+    """
     import json
 
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--env_args {text!r} is not JSON ({error}); give an object, e.g. '{{\"max_turns\": 4}}'.") from error
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--env_args {text!r} is a JSON {type(parsed).__name__}; give an object of load_environment's arguments.")
+    return parsed
+
+
+@functools.lru_cache(maxsize=None)
+def _load_verifiers_environment(env_id: str, env_args: str):
+    """Loaded once per process: the rows and the scheduler of a run share one environment."""
     from textenv.gym.verifiers_envs import load_verifiers_environment
 
-    return load_verifiers_environment(env_id, json.loads(env_args))
+    return load_verifiers_environment(env_id, _env_args(env_args))
 
 
 @dataclass

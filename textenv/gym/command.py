@@ -53,8 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     episode, gym, rollout, model_config, command = parse_options(classes, argv, prog="textenv rollout", description=__doc__)
     if rollout.task not in ("gym", "verifiers"):
         raise ValueError(f"--task must be gym or verifiers, got {rollout.task!r}.")
-    if (rollout.task == "verifiers") != bool(gym.env_id):
-        raise ValueError("--task verifiers needs --env_id (the verifiers environment), and --env_id needs --task verifiers.")
+    gym.check_task(rollout.task)
     if not gym.dataset and not gym.env_id:
         raise ValueError("textenv rollout needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
     setup_logging(command.log_level)

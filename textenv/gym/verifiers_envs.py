@@ -172,13 +172,20 @@ class VerifiersEnvironment(Env):
         super().__init__({"name": environments.name})
         self.environments = environments
         self.rollout_input = {**dict(row), "example_id": row.get("example_id", index)}
-        self.state: Any = None
         self.scoring_errors: List[str] = []
         self._requests: asyncio.Queue = asyncio.Queue()
         self._reply: Optional[asyncio.Future] = None
         self._rollout: Optional[asyncio.Task] = None
         self._live_state: Any = None  # the rollout's state, as its last model request passed it
         self._turn = 0
+
+    @property
+    def state(self) -> Any:
+        """verifiers' state of the rollout once it has returned (`None` while it runs, or if it failed or was cancelled)."""
+        rollout = self._rollout
+        if rollout is None or not rollout.done() or rollout.cancelled() or rollout.exception() is not None:
+            return None
+        return rollout.result()
 
     # ------------------------------------------------------------------ the rollout's side
     async def ask_model(self, prompt: Any, tools: Optional[list], state: Any) -> Any:
@@ -195,7 +202,7 @@ class VerifiersEnvironment(Env):
         if getter.done():
             return getter.result()
         getter.cancel()
-        self.state = self._rollout.result()
+        self._rollout.result()  # raises what ended the rollout, if anything did
         return None
 
     # ------------------------------------------------------------------ the Gym side
@@ -249,7 +256,6 @@ class VerifiersEnvironment(Env):
 
     async def close(self) -> None:
         if self._rollout is None or self._rollout.done():
-            self._finish_state()
             return
         if self._reply is not None and not self._reply.done() and self._requests.empty():
             # the episode ended while the rollout waited for a turn (textenv's max_length): verifiers' own
@@ -259,11 +265,6 @@ class VerifiersEnvironment(Env):
         if not self._rollout.done():
             self._rollout.cancel()
             await asyncio.wait({self._rollout}, timeout=CLOSE_GRACE_SECONDS)
-        self._finish_state()
-
-    def _finish_state(self) -> None:
-        if self._rollout is not None and self._rollout.done() and not self._rollout.cancelled() and self._rollout.exception() is None:
-            self.state = self._rollout.result()
 
     def final_info(self) -> Dict[str, Any]:
         """What verifiers recorded about the finished rollout, for the episode's last trajectory info."""
@@ -324,10 +325,12 @@ class GroupScoring:
         group = self.waiting.setdefault(play.result.row_index, [])
         group.append((index, play))
         if len(group) == self.num_generations:
-            del self.waiting[play.result.row_index]
-            task = asyncio.ensure_future(self._score(group))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._start(self.waiting.pop(play.result.row_index))
+
+    def _start(self, group: List[Tuple[int, Any]]) -> None:
+        task = asyncio.ensure_future(self._score(group))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _score(self, group: List[Tuple[int, Any]]) -> None:
         from textenv.episodes.driver import FINISH_ERROR, EpisodeFailure
@@ -354,9 +357,6 @@ class GroupScoring:
     async def wait(self) -> None:
         """Score what is still waiting (groups cut short by a cancelled run are scored as they are), then wait."""
         for row in list(self.waiting):
-            group = self.waiting.pop(row)
-            task = asyncio.ensure_future(self._score(group))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._start(self.waiting.pop(row))
         if self.tasks:
             await asyncio.gather(*list(self.tasks))

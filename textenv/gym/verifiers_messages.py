@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from verifiers.legacy.types import Response, ResponseMessage, ToolCall
 
 from textenv.engine.stopping import FINISH_LENGTH
+from textenv.tools.json_calls import ToolCallRecord
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -100,14 +101,12 @@ def model_response(message: Dict[str, Any], finish_reason: Optional[str], model:
 
 
 def tool_call_records(calls: Sequence[Dict[str, Any]], answers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One record per call of a reply (`id`, `name`, `arguments`, the tool message's text as `result`, and
-    `error` when textenv could not read the call), for the step's info and the run's tool-call counts."""
+    """One `ToolCallRecord` per call of a reply (the tool message's text as `result`, and `error` when textenv
+    could not read the call), as dicts, for the step's info and the run's tool-call counts."""
     results = {answer.get("tool_call_id"): answer.get("content") for answer in answers if answer.get("role") == "tool"}
     records = []
     for call in calls:
         function = call.get("function", {})
-        record = {"id": call.get("id"), "name": function.get("name"), "arguments": function.get("arguments"), "result": results.get(call.get("id"))}
-        if call.get("error"):
-            record["error"] = call["error"]
-        records.append(record)
+        record = ToolCallRecord(call.get("id"), function.get("name"), function.get("arguments"), results.get(call.get("id")), call.get("error"))
+        records.append(record.as_dict())
     return records

@@ -93,8 +93,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
         raise ValueError(f"--task must be one of {list(TASKS)}, got {run.task!r}.")
     if run.task == "gym" and not options.gym.dataset:
         raise ValueError("--task gym needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
-    if (run.task == "verifiers") != bool(options.gym.env_id):
-        raise ValueError("--task verifiers needs --env_id (the verifiers environment), and --env_id needs --task verifiers.")
+    options.gym.check_task(run.task)
     if run.report_to not in ("none", "tensorboard", "wandb", "trackio"):
         raise ValueError(f"--report_to must be none, tensorboard, wandb or trackio, got {run.report_to!r}.")
     if run.report_to != "none":
