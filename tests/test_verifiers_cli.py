@@ -67,13 +67,13 @@ def test_verifiers_example_end_to_end(tmp_path, capsys):
     assert "arithmetic: held-out tasks solved of 2" in capsys.readouterr().out
 
 
-def test_readme_verifiers_example_runs_as_written():
+def test_the_documented_verifiers_example_runs_as_written():
     import subprocess
     import sys
 
-    from tests.test_readme_examples import readme_block
+    from tests.test_readme_examples import docs_block
 
-    completed = subprocess.run([sys.executable, "-c", readme_block("<!-- example: verifiers -->")], cwd=EXAMPLES.parent,
+    completed = subprocess.run([sys.executable, "-c", docs_block("guides/verifiers.md", "<!-- example: verifiers -->")], cwd=EXAMPLES.parent,
                                capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     lines = [line for line in completed.stdout.splitlines() if " -> " in line]

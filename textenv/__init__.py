@@ -1,7 +1,26 @@
 """textenv: teach language models to use tools with reinforcement learning.
 
-Public names are imported lazily, so `import textenv` stays fast and pulls in torch/transformers only
-when a name that needs them is used.
+Public names are imported lazily (`_PUBLIC_NAMES`, through `lazy_exports`), so `import textenv` stays fast and
+pulls in torch/transformers only when a name that needs them is used. Main names: `TextEnvironment`,
+`TextHistory`, `GenerationEngine`, `Calculator`, `PythonInterpreter`, `WikiSearch`, `load_tool`, `PPOConfig`,
+`PPOTrainer`, `AutoModelForCausalLMWithValueHead`, `GRPOConfig`, `GRPOTrainer`, `Env`, `ContextManager`,
+`GymScheduler`, `load_model`, `load_bundled_model`, `load_tokenizer` (`__all__` lists them all).
+
+Packages: `environment` (the legacy front end and `TextHistory`), `gym` (the Gym front end, TRL and verifiers
+environments), `episodes` (the one episode driver), `engine` (the engine entry and the in-process engine),
+`vllm` (the vLLM backend), `chat` (chat templates with exact tokens), `tools`, `ppo`, `grpo`, `training` (the
+one training loop, `textenv train`), `view` (`textenv view`), `tasks` (ready-made tasks).
+
+Top-level modules, one concern each:
+
+- `cli`: the `textenv` command and its `SUBCOMMANDS` table; `demo`: `textenv demo`;
+- `options`: the options the commands share (`EpisodeArguments`, `GymArguments`, ...) and `parse_options`;
+- `models`: `load_model`, `load_bundled_model`, `load_tokenizer`; `testing`: `tiny_causal_lm` for tests;
+- `core`: the legacy `trl.core` import path; `transformers_compat`: fixes for supported transformers releases;
+- `off_policy`: the off-policy correction shared by PPO and GRPO;
+- `padding`, `jsonl`, `logs`, `hardware`, `extras`, `checks`, `asyncio_bridge`, `reporting`: small helpers.
+
+May import: textenv.engine, textenv.environment, textenv.grpo, textenv.gym, textenv.models, textenv.ppo, textenv.tools (lazily, by name)
 """
 
 from __future__ import annotations

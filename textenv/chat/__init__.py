@@ -1,5 +1,16 @@
-"""Conversations through a chat template with exact tokens: rendering deltas, the transcript of an
-episode, the tool-aware ChatML template textenv ships and the append-only conformance check."""
+"""Conversations through a chat template with exact tokens.
+
+- `renderer`: `ChatRenderer`, the text new messages add as a delta of the template (earlier turns are never
+  re-rendered), `ChatTemplateError`, `Message` / `Messages`;
+- `transcript`: `Transcript`, one episode's conversation as the exact tokens of every message, and its
+  `TextHistory` under a loss scale;
+- `templates`: `CHATML_TOOLS_TEMPLATE` (the tool-aware ChatML template textenv ships) and `tool_chat_template`,
+  the choice between it and the tokenizer's own;
+- `tool_chat`: `ChatTools`, a tokenizer's template set up for JSON tool calls (template, call parser, conformance);
+- `conformance`: `check_conformance`, whether a template renders a conversation append-only, token by token.
+
+May import: textenv.engine (Completion), textenv.environment (TextHistory, the tag syntax; a cycle), textenv.tools (tool-call parsers)
+"""
 
 from textenv.chat.conformance import Conformance, check_conformance
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError, Message, Messages

@@ -1,4 +1,17 @@
-"""Text environments: tool-call syntax, episode histories and the TextEnvironment."""
+"""Text environments: the legacy front end, its tool-call syntax and the episode history.
+
+- `text_environment`: `TextEnvironment`, the legacy TRL front end: `run(queries)` plays episodes on the one
+  driver and returns what `PPOTrainer.step` takes plus the histories (imported lazily: it imports
+  `textenv.chat`, which imports this package's leaf modules);
+- `history`: `TextHistory`, one episode as text segments with the exact tokens behind them and a training mask;
+- `syntax`: the tags (`REQUEST_TOKEN`, `CALL_TOKEN`, `RESPONSE_TOKEN`, `SUBMIT_TOKEN`), `parse_tool_call`,
+  `neutralize`;
+- `chat_tools`: `TextEnvironment(tool_format="json")`: episodes as chat conversations with JSON tool calls;
+- `ending`: the legacy end checks and `compute_reward` (`EndingAndRewards`);
+- `rendering`: rich views of a `TextHistory` (terminal and notebook HTML).
+
+May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.episodes, textenv.logs, textenv.padding, textenv.tools
+"""
 
 from textenv.environment.history import TextHistory
 from textenv.environment.syntax import (

@@ -52,7 +52,8 @@ class GRPOTrainer(TrainerSaving):
         lr_scheduler (*optional*): stepped after every optimizer step.
 
     Attributes:
-        accelerator (`accelerate.Accelerator`), model, optimizer, ref_model, current_step (`int`, steps done).
+        accelerator (`accelerate.Accelerator`): the accelerator that prepared the model and optimizer.
+        current_step (`int`): the optimizer steps done; `model`, `optimizer` and `ref_model` are the arguments.
     """
 
     log_stats = StepStatisticsMixin.log_stats

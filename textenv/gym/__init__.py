@@ -1,9 +1,26 @@
-"""The ms-swift (>= 3.8) Gym interface on textenv's generation engine.
+"""The Gym front end: the ms-swift (>= 3.8) Gym interface, TRL 1.x environments and verifiers environments,
+played by the one episode driver on the engine entry.
 
-`Env` and `ContextManager` are the contracts; `envs` and `context_managers` map names to classes (extend
-them from a plugin file loaded with `load_plugins`); `GymScheduler` runs episodes and returns them as
-`TextHistory`s for `PPOTrainer.step`. `GymScheduler(environment_factory=...)` runs TRL 1.x environment
-classes (`TrlEnvironment`) the way `trl.GRPOTrainer` does.
+- `env`: the contracts `Env` and `ContextManager`, and `RolloutInferRequest`, `RolloutOutput`, `Message(s)`;
+- `registry`: `envs` / `context_managers` (name -> class), `register_env`, `register_context_manager`,
+  `load_plugins`, `resolve_env`, `resolve_context_manager`;
+- `builtin`: `SimpleMathEnv` (`math_env`), `ToolEnv` (`tool_env`), `DummyContextManager`,
+  `SlidingWindowContextManager`;
+- `scheduler`: `GymScheduler`: dataset rows -> episodes on the driver -> `GymEpisode`s (each also a
+  `completions.jsonl` line); `RunStats`;
+- `play`: `GymPlay`, one row's episode as the driver plays it (env, context manager, `textenv.chat.Transcript`);
+- `episode`: `GymEpisode`, a finished episode with its `TextHistory`;
+- `trl_environments`: `TrlEnvironments` / `TrlEnvironment`, TRL 1.x `environment_factory` classes run as `Env`s;
+  `environment_thread`: `EnvironmentThread`, the thread an episode's sync environment code runs on;
+- `verifiers_envs`: verifiers environments run as `Env`s (``GymScheduler(verifiers_env=...)``);
+  `verifiers_messages`: messages between verifiers and textenv;
+- `rows`: `load_rows`, `make_request`; `completions`: `CompletionsLog`, `read_completions`;
+- `training`: `ppo_batch`, `GymSource` (the training loop's episode source), `evaluate`;
+- `batching`: `BatchedGenerator`, the driver's generator around a batch function; `policy`: `ScriptedPolicy`;
+- `validation`: `EnvContractError` and the checks on what envs and context managers return;
+- `command`: `textenv rollout`.
+
+May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
 """
 
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError

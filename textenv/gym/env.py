@@ -107,14 +107,13 @@ class Env(ABC):
             config (`RolloutInferRequest`): the dataset row (`data_dict` holds its columns).
 
         Returns:
-            `(observation, info, system_message)`:
-            - observation (`str` or `list[dict]`): a string becomes the first user message; a non-empty list
-              of ``{"role", "content": str}`` messages is the whole opening conversation (system, few-shot
-              turns, the user's request; it must not end with an assistant message);
-            - info (`dict`): JSON-serialisable debug data, logged as `trajectory_infos[0]`;
-            - system_message (`str` or `None`): the system prompt; `None` or ``""`` for none (the chat
-              template's default then applies). With a list opening it is put first, and the list must
-              then not hold a system message itself.
+            tuple: `(observation, info, system_message)`. `observation` (`str` or `list[dict]`): a string
+            becomes the first user message; a non-empty list of ``{"role", "content": str}`` messages is the
+            whole opening conversation (system, few-shot turns, the user's request; it must not end with an
+            assistant message). `info` (`dict`): JSON-serialisable debug data, logged as
+            `trajectory_infos[0]`. `system_message` (`str` or `None`): the system prompt; `None` or ``""``
+            for none (the chat template's default then applies). With a list opening it is put first, and the
+            list must then not hold a system message itself.
         """
 
     @abstractmethod
@@ -126,14 +125,12 @@ class Env(ABC):
                 reply just generated.
 
         Returns:
-            `(next_observation, reward, done, info)`:
-            - next_observation (`str` or `list[dict]`): a string becomes the next user message; a list of
-              ``{"role": "tool", "tool_call_id", "name", "content"}`` messages (JSON tool results) is
-              appended as the chat template renders them; ignored (may be `None`) when `done` is true
-              or the turn limit is reached;
-            - reward (`float`): this step's reward; the episode's reward is the sum over steps;
-            - done (`bool`): the episode is over;
-            - info (`dict`): JSON-serialisable debug data, logged in `trajectory_infos`.
+            tuple: `(next_observation, reward, done, info)`. `next_observation` (`str` or `list[dict]`): a
+            string becomes the next user message; a list of ``{"role": "tool", "tool_call_id", "name",
+            "content"}`` messages (JSON tool results) is appended as the chat template renders them; ignored
+            (may be `None`) when `done` is true or the turn limit is reached. `reward` (`float`): this step's
+            reward; the episode's reward is the sum over steps. `done` (`bool`): the episode is over. `info`
+            (`dict`): JSON-serialisable debug data, logged in `trajectory_infos`.
         """
 
     async def final_reward(self, messages: Messages) -> Optional[float]:

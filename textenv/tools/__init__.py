@@ -1,4 +1,18 @@
-"""Tools: the protocol (:mod:`.base`), the built-in tools and tool repositories."""
+"""Tools: the protocol, the built-in tools, tool repositories and the two tool-call formats.
+
+- `base`: what a tool is (any callable ``fn(query) -> str``, async or a smolagents ``Tool``), `call_tool`,
+  `tool_name`, `tools_by_name`, `TOOL_ERROR_PREFIX`;
+- `calculator`: `Calculator`; `python_interpreter`: `PythonInterpreter` (runs code through `.sandbox`);
+  `wiki_search`: `WikiSearch` (BM25 over local documents);
+- `loading`: `load_tool` / `save_tool` (tool repositories, `BUILTIN_TOOLS`, legacy hub aliases);
+- `schema`: `tool_schema`, JSON schemas of tools for the chat template, and argument checks;
+- `tag_calls`: `TagToolCalls`, the legacy ``<request><Tool>query<call>`` syntax as a reaction;
+- `json_calls`: `JsonToolCalls`, the chat template's JSON tool calls as a reaction, `ToolCallRecord`;
+- `tool_call_parsers`: `get_tool_call_parser`, `ToolCall`, `ParsedTurn`: JSON calls read from a model's turn;
+- `sandbox/`: the sandbox's process machinery (its own package).
+
+May import: textenv.asyncio_bridge, textenv.environment (the tag syntax only; a cycle), textenv.extras
+"""
 
 from .base import TOOL_ERROR_PREFIX, call_tool, tool_name, tools_by_name
 from .calculator import Calculator

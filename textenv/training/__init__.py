@@ -1,13 +1,18 @@
-"""Training a policy with PPO on episodes, the same way for every front end.
+"""Training a policy on episodes, the same way for every front end and algorithm.
 
-- `loop`: `train(trainer, episodes, steps, on_step=...)`, the one loop, and its `StepLog`;
+- `loop`: `train(trainer, episodes, steps, on_step=...)`, the one loop (episodes -> `trainer.step` -> stats,
+  logs, `run_dir` records -> weight sync), and its `StepLog`;
 - `sources`: `EpisodeBatch`, the `EpisodeSource` protocol and `TextEnvironmentSource` (the Gym front end's
   source is `textenv.gym.training.GymSource`);
+- `overlap`: `EpisodePipeline`, rollouts in step with training or ahead of it (``max_staleness``);
 - `policy`: `load_policy`, the one policy loader, and `lora_config`;
-- `settings`: `Settings` and the policy, trainer and seeds they give;
-- `evaluation`: `evaluate` a policy on fixed tasks, sampled or greedy, `measure` it both ways before and after
-  training and `log_before_after`;
-- `calculator`: the calculator job's environment and training tasks.
+- `settings`: `Settings` and the policy, trainer (`build_trainer`: PPO or GRPO) and seeds they give;
+- `evaluation`: `evaluate` a policy on fixed tasks, sampled or greedy, `measure` it before and after training
+  and `log_before_after`;
+- `calculator`: the calculator job's environment and training tasks;
+- `command`: `textenv train`; `hub`: pushing a trained policy to the Hugging Face Hub.
+
+May import: textenv.environment, textenv.episodes, textenv.grpo, textenv.gym (GymSource, plugins; a cycle), textenv.hardware, textenv.logs, textenv.models, textenv.options (a cycle), textenv.ppo, textenv.tasks, textenv.tools, textenv.view
 """
 
 from textenv.training.calculator import build_calculator_environment, calculator_task_batches, calculator_tasks

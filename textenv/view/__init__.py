@@ -2,10 +2,14 @@
 
 - `record`: `RunRecorder`, with which training runs append `episodes.jsonl` and `steps.jsonl` as they go
   (`textenv.training.train(run_dir=...)`, `textenv train`), `step_summary` and `set_aside_previous_run`;
-- `episodes`: one episode (`TextHistory`, `GymEpisode`, a `completions.jsonl` line) as an `episodes.jsonl` record;
+- `episodes`: `episode_record`, one episode (`TextHistory`, `GymEpisode`, a `completions.jsonl` line) as an
+  `episodes.jsonl` record;
 - `data`: `load_run`, reading a run directory or one `.jsonl` file;
-- `page`: `build_page` / `render_page`, the HTML; `notebook`: `show(path)` for Jupyter;
+- `page`: `build_page` / `render_page`, the HTML (from `page.html`, `page.css`, `page.js`); `notebook`:
+  `show(path)` for Jupyter;
 - `command`: the `textenv view PATH --output page.html` command.
+
+May import: textenv.environment, textenv.gym (completions.jsonl; a cycle), textenv.logs, textenv.options (parse_options), textenv.tools
 """
 
 from textenv.view.data import RunData, load_run

@@ -6,8 +6,11 @@ picks an interpreter the sandbox user can run (:mod:`.interpreter`) and a uid of
 wall-clock timeout and the output cap, and kills what is left at the end (:mod:`.reaper`). The child sets
 up the kernel layers (rlimits; network, PID and, as root, mount namespaces; the uid switch; no
 capabilities; Landlock) and the audit hook, reports them, then runs the snippet. :mod:`.isolation` finds
-once which layers this machine grants and what a missing one leaves open. Each layer is documented on
-:class:`~textenv.tools.PythonInterpreter`.
+once which layers this machine grants and what a missing one leaves open; :mod:`.limits` holds
+`SandboxLimits`. Main names: `run_python`, `SandboxResult`, `SandboxLimits`, `sandbox_interpreter`. Each
+layer is documented on :class:`~textenv.tools.PythonInterpreter`.
+
+May import: nothing from textenv
 """
 
 from .interpreter import sandbox_interpreter

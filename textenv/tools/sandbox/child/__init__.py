@@ -1,7 +1,10 @@
 """The program that runs inside the sandboxed child, kept as ordinary modules (stdlib only, Python 3.8
 compatible, since the child may run the system ``python3``) and joined into one source text by
 :func:`child_program`: :mod:`.namespaces`, :mod:`.rlimits`, :mod:`.landlock`, :mod:`.audit_hook`, then
-:mod:`.runner`, whose ``main`` runs last."""
+:mod:`.runner`, whose ``main`` runs last.
+
+May import: nothing from textenv
+"""
 
 from __future__ import annotations
 
