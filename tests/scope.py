@@ -26,6 +26,11 @@ VERSION_INDEPENDENT = {
     "test_fuzz.py": "property tests of the tag parser and of histories: string and integer logic",
     "test_reliability.py": "fault isolation and crash-safe logs with scripted policies",
     "test_logs.py": "logging set-up and a source scan",
+    "test_module_size.py": "a source scan: every module's line count",
+    "test_package_imports.py": "each package's May import line against its modules' imports: a source scan (ast)",
+    "test_docs_site.py": "the documentation site's build (mkdocs, the docs extra, installed in .venv only) and its API reference",
+    "test_docs_examples.py": ("the README's and the guides' examples: end-to-end runs through the front ends and trainers, "
+                              "whose own test modules run in both halves"),
     "test_ci_parts.py": "make test's scheduler script (.ci/test-parts) with a stand-in for make",
     "test_hardware.py": "CPU facts and dtype choices",
     "test_view.py": "the `textenv view` page built from episode records",
@@ -50,8 +55,8 @@ VERSION_INDEPENDENT = {
     "test_gym_example.py": END_TO_END,
     "test_readme_examples.py": END_TO_END,
     **{module: ("verifiers environments: verifiers is installed in the main environment only (textenv[verifiers]); the adapter "
-                "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler, "
-                "test_trl_environments and test_train_command run in both halves")
+                "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler_*, "
+                "test_trl_environments_* and test_train_command run in both halves")
        for module in ("test_verifiers_adapter.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
 }
 

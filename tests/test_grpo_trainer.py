@@ -1,6 +1,6 @@
 """GRPOTrainer on real models: what it trains (exact masks, truncation, groups), what it loads (no reference at
 beta 0), how it steps (on/off-policy), its checkpoints, and the one training loop with both front ends in groups.
-The formulas themselves are checked against TRL 1.16 in tests/test_grpo_formulas.py.
+The formulas themselves are checked against TRL 1.16 in tests/test_grpo_formulas_*.py.
 
 Tolerances (tests/numerics.py has the analysis):
 - exact: weights a step must not move (no trained token, equal rewards: zero advantages, zero gradients, zero

@@ -22,14 +22,12 @@ and an async `get_reward` run on the episode loop.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
-import queue
-import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from textenv.gym.env import Env, Messages, RolloutInferRequest
+from textenv.gym.environment_thread import EnvironmentThread
 from textenv.gym.registry import load_object
 from textenv.gym.rows import REQUEST_COLUMNS
 from textenv.tools.json_calls import ToolCallRecord, _decode_arguments, call_id
@@ -208,7 +206,7 @@ class TrlEnvironment(Env):
         self.reward_info: Dict[str, Any] = {}
         self.opening: Messages = []
         self.functions: Dict[str, Callable] = {}
-        self._thread = _EnvironmentThread()
+        self._thread = EnvironmentThread()
 
     async def reset(self, config: RolloutInferRequest) -> Tuple[Messages, Dict[str, Any], None]:
         if self.row is None:
@@ -347,45 +345,6 @@ def load_environment_factory(text: str) -> Union[Any, Dict[str, Any]]:
 def load_functions(text: Optional[str], option: str) -> List[Callable]:
     """``--tools`` / ``--reward_funcs``: comma-separated ``module:function`` or ``file.py:function`` specs."""
     return [load_object(item, option) for item in (text or "").split(",") if item.strip()]
-
-
-class _EnvironmentThread:
-    """A daemon thread that runs one episode's sync environment code, one call at a time, in order."""
-
-    def __init__(self) -> None:
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
-
-    async def run(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="textenv-trl-env", daemon=True)
-            self._thread.start()
-        self._queue.put((function, args, kwargs, future, loop))
-        return await future
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread = None
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            function, args, kwargs, future, loop = item
-            try:
-                outcome, value = future.set_result, function(*args, **kwargs)
-            except BaseException as error:  # noqa: BLE001 - handed to the awaiting episode
-                outcome, value = future.set_exception, error
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome, value)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
-
-
-def _settle(future: asyncio.Future, outcome: Callable[[Any], None], value: Any) -> None:
-    if not future.done():  # a timed-out call was cancelled meanwhile
-        outcome(value)
 
 
 def _as_reward(value: Any, source: str) -> float:

@@ -1,17 +1,6 @@
-"""PPOTrainer on a tiny random Llama with hand-made tensors (legacy tests/test_ppo_trainer.py, adapted).
-
-Tolerances (tests/numerics.py has the analysis):
-- exact: the same computation repeated (masks of ones against no masks take the same path), parameters that
-  must not move, a saved and reloaded model, token ids;
-- float64 with SGD, at `float64_sgd_tolerance` / `assert_stats_close`: results that agree only in exact
-  arithmetic because the batches are padded or split differently (tool tokens removed, mini-batch size,
-  gradient accumulation, left padding). Adam would turn a rounding-level gradient difference on a near-zero
-  gradient into a step of up to 2 lr, so trained float32 weights cannot be compared below the update itself;
-- `assert_reordered_close` in float64: forward passes of differently padded batches;
-- KL of a policy against itself: the two passes run the same kernels on the same inputs, so exactly zero;
-- scalars the test computes by hand from a few float32 operations (a learning rate, a scaled score):
-  ``pytest.approx``'s relative 1e-6 (8 float32 ulps), 1e-5 where a running standard deviation is involved.
-"""
+"""PPOTrainer on a tiny random Llama with hand-made tensors (legacy tests/test_ppo_trainer.py, adapted), part 1:
+construction, the step's statistics, gradients and reference model, input checks, masked tool tokens, and forward
+passes that do not depend on padding or mini-batch size (tolerances: tests/ppo_trainer_helpers.py)."""
 
 import copy
 import warnings
@@ -20,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from textenv.ppo import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from textenv.ppo import PPOConfig, PPOTrainer
 from textenv.ppo.batch import pack_batch
-from textenv.testing import tiny_causal_lm
 
 from numerics import assert_reordered_close, assert_stats_close, float64_model, float64_sgd_tolerance, forward_terms, sgd
+from ppo_trainer_helpers import QUERY, RESPONSE, batch, flat_weights, float64_trainer, make_model, make_trainer, tiny_lm
 
 EXPECTED_STATS = [
     "objective/kl", "objective/kl_dist", "objective/logprobs", "objective/ref_logprobs", "objective/kl_coef",
@@ -37,43 +26,6 @@ EXPECTED_STATS = [
     "ppo/val/var_explained", "ppo/learning_rate", "time/ppo/forward_pass", "time/ppo/compute_rewards",
     "time/ppo/compute_advantages", "time/ppo/optimize_step", "time/ppo/calc_stats", "time/ppo/total",
 ]
-
-QUERY = torch.tensor([504, 3616, 339, 2691, 288, 260, 216])  # 7 tokens, like legacy's "This morning I went to the "
-RESPONSE = torch.tensor([1201, 2234, 30, 976, 314, 253, 1070])
-
-
-_BASE_MODELS = {}
-
-
-def tiny_lm(seed=0):
-    """A fresh copy of the tiny Llama of this seed (building one takes seconds; copying it, milliseconds)."""
-    if seed not in _BASE_MODELS:
-        _BASE_MODELS[seed] = tiny_causal_lm(seed=seed)
-    return copy.deepcopy(_BASE_MODELS[seed])
-
-
-def make_model(seed=0):
-    base = tiny_lm(seed)
-    torch.manual_seed(seed)  # after tiny_lm: the value head's initialisation must not depend on the cache
-    return AutoModelForCausalLMWithValueHead(base)
-
-
-def make_trainer(model=None, tokenizer=None, **config_kwargs):
-    config_kwargs = {"batch_size": 2, "mini_batch_size": 1, "seed": 42, "ppo_epochs": 1, **config_kwargs}
-    trainer_kwargs = {k: config_kwargs.pop(k) for k in list(config_kwargs) if k in ("ref_model", "num_shared_layers", "optimizer", "lr_scheduler", "dataset")}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="No dataset is provided")
-        return PPOTrainer(PPOConfig(**config_kwargs), model if model is not None else make_model(), tokenizer=tokenizer, **trainer_kwargs)
-
-
-def float64_trainer(learning_rate=1e-3, **config_kwargs):
-    """A trainer of a float64 copy of the tiny model, with SGD (see the module's docstring)."""
-    model = float64_model(make_model())
-    return make_trainer(model=model, optimizer=sgd(model, learning_rate), **config_kwargs)
-
-
-def batch(n=2):
-    return [QUERY.clone() for _ in range(n)], [RESPONSE.clone() for _ in range(n)], [torch.tensor(1.0) for _ in range(n)]
 
 
 def packed_batch(trainer, queries, responses, masks=None):
@@ -91,10 +43,6 @@ def record_gradients(model):
                 lambda p, name=name: seen.add(name) if p.grad is not None and p.grad.abs().sum() > 0 else None
             )
     return seen
-
-
-def flat_weights(model):
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,180 +314,3 @@ def test_left_padding_collator_gives_the_same_stats(tokenizer):
     left_stats = trainer.step(queries, responses, scores)
     assert_stats_close(left_stats, right_stats, ("ppo/loss/total", "objective/entropy", "ppo/val/vpred"),
                        forward_terms(model.config, 11) + 8, magnitude=float(np.log(model.config.vocab_size)))
-
-
-# --------------------------------------------------------------------------------------------------
-# optimisation options
-# --------------------------------------------------------------------------------------------------
-def test_gradient_accumulation_equivalence():
-    weights = []
-    for mini_batch_size, accumulation in ((2, 1), (1, 2)):
-        trainer = float64_trainer(mini_batch_size=mini_batch_size, gradient_accumulation_steps=accumulation)
-        trainer.step(*batch())
-        weights.append(flat_weights(trainer.accelerator.unwrap_model(trainer.model)))
-    config = trainer.model.config
-    tolerance = float64_sgd_tolerance(config, len(QUERY) + len(RESPONSE), 2 * len(RESPONSE), learning_rate=1e-3, steps=1)
-    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=tolerance)
-    # and it did train
-    assert not torch.equal(weights[0], flat_weights(float64_model(make_model())))
-
-
-def _recorded_grad_norms(trainer):
-    norms = []
-    original_step = trainer.optimizer.step
-
-    def step(*args, **kwargs):
-        grads = [p.grad for p in trainer.trainable_params if p.grad is not None]
-        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
-        return original_step(*args, **kwargs)
-
-    trainer.optimizer.step = step
-    return norms
-
-
-def test_max_grad_norm_applies_on_every_call():
-    clipped = make_trainer(max_grad_norm=1e-3, ppo_epochs=2)
-    norms = _recorded_grad_norms(clipped)
-    clipped.step(*batch())
-    clipped.step(*batch())
-    assert len(norms) == 2 * 2 * 2
-    assert max(norms) <= 1e-3 * 1.001
-
-    unclipped = make_trainer(step_in_backward=False)  # optimizer.step() sees all gradients at once
-    free_norms = _recorded_grad_norms(unclipped)
-    unclipped.step(*batch())
-    assert min(free_norms) > 1e-2
-
-
-def test_early_stopping_stops_after_first_epoch():
-    steps = {}
-    for early in (False, True):
-        trainer = make_trainer(early_stopping=early, target_kl=-100.0, ppo_epochs=4, step_in_backward=False)
-        calls = _recorded_grad_norms(trainer)
-        trainer.step(*batch())
-        steps[early] = len(calls)
-    assert steps[False] == 8 and steps[True] == 2
-
-
-def test_ratio_threshold_skips_batch():
-    trainer = make_trainer(ratio_threshold=0.0)
-    before = flat_weights(trainer.model)
-    with pytest.warns(UserWarning, match="Skipping batch"):
-        stats = trainer.step(*batch())
-    assert stats["ppo/loss/total"] == 0.0
-    assert torch.equal(flat_weights(trainer.model), before)
-
-
-def test_adaptive_and_fixed_kl_controllers():
-    reference = make_model(seed=1)
-    adaptive = make_trainer(ref_model=reference, init_kl_coef=0.2, target=6.0, horizon=10.0)
-    stats = adaptive.step(*batch())
-    error = float(np.clip(stats["objective/kl"] / 6.0 - 1, -0.2, 0.2))
-    assert adaptive.kl_ctl.value == pytest.approx(0.2 * (1 + error * 2 / 10.0))
-    value_after_first = adaptive.kl_ctl.value
-    assert adaptive.step(*batch())["objective/kl_coef"] == pytest.approx(value_after_first)
-    assert adaptive.kl_ctl.value != value_after_first
-    fixed = make_trainer(ref_model=make_model(seed=1), adap_kl_ctrl=False, init_kl_coef=0.2)
-    fixed.step(*batch())
-    assert fixed.kl_ctl.value == 0.2
-
-
-@pytest.mark.parametrize("penalty", ["kl", "abs", "mse", "full"])
-def test_kl_penalties_in_step(penalty):
-    same = make_trainer(kl_penalty=penalty).step(*batch())
-    assert same["objective/kl"] == 0.0  # the reference is a copy: the same kernels on the same inputs
-    different = make_trainer(kl_penalty=penalty, ref_model=make_model(seed=1)).step(*batch())
-    assert different["objective/kl"] != pytest.approx(0.0, abs=1e-3)
-    if penalty != "kl":
-        assert different["objective/kl"] > 0
-        assert different["ppo/mean_non_score_reward"] < 0
-
-
-def test_score_scaling_norm_and_clip():
-    queries, responses, _ = batch()
-    scores = [torch.tensor(4.0), torch.tensor(-8.0)]
-    clipped = make_trainer(score_clip=0.5).step(queries, responses, scores)
-    assert clipped["ppo/mean_scores"] == pytest.approx(0.0)
-    assert clipped["ppo/std_scores"] == pytest.approx(np.std([0.5, -0.5], ddof=1))
-    trainer = make_trainer(use_score_scaling=True)
-    scaled = trainer.step(queries, responses, scores)
-    std = trainer.running.std
-    assert scaled["ppo/mean_scores"] == pytest.approx(-2.0 / std, rel=1e-5)
-    trainer = make_trainer(use_score_scaling=True, use_score_norm=True)
-    normed = trainer.step(queries, responses, scores)
-    assert normed["ppo/mean_scores"] == pytest.approx((-2.0 - trainer.running.mean) / trainer.running.std, rel=1e-5)
-
-
-def test_peft_model_uses_disabled_adapters_as_reference():
-    from peft import LoraConfig
-
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_lm(), peft_config=lora)
-    trainer = make_trainer(model=model, learning_rate=1e-2)
-    assert trainer.ref_model is None
-    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n and "v_head" not in n}
-    first = trainer.step(*batch())
-    assert first["objective/kl"] == 0.0  # LoRA B starts at zero: the adapters add exact zeros
-    second = trainer.step(*batch())
-    assert second["objective/kl"] != 0.0  # adapters trained: policy differs from the reference
-    for name, param in model.named_parameters():
-        if name in base_before:
-            assert torch.equal(param, base_before[name]), name
-
-
-# --------------------------------------------------------------------------------------------------
-# generation, logging, saving
-# --------------------------------------------------------------------------------------------------
-def test_generate_single_batched_and_reference(tokenizer):
-    trainer = make_trainer(tokenizer=tokenizer)
-    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=-1)
-    queries = [torch.tensor([504, 3616, 339]), torch.tensor([504, 3616, 339, 2691, 288])]
-    single = [trainer.generate(q, return_prompt=False, **kwargs) for q in queries]
-    assert single[0].shape == (1, 4)
-    assert trainer.generate(queries[0], **kwargs).shape == (1, 7)
-    batched = trainer.generate(queries, batch_size=2, return_prompt=False, **kwargs)
-    for one, many in zip(single, batched):
-        assert torch.equal(one[0], many)
-    with pytest.raises(ValueError, match="1-D"):
-        trainer.generate(torch.stack([queries[0], queries[0]]))
-
-    ref = trainer.ref_model.pretrained_model.lm_head
-    ref.weight = torch.nn.Parameter(-ref.weight.detach().clone(), requires_grad=False)
-    response, ref_response = trainer.generate(queries, return_prompt=False, generate_ref_response=True, **kwargs)
-    assert any(not torch.equal(a, b) for a, b in zip(response, ref_response))
-
-
-def test_generate_cuts_after_generated_eos_only(tokenizer):
-    trainer = make_trainer(tokenizer=tokenizer)
-    eos = tokenizer.eos_token_id
-    query = torch.tensor([504, eos, 339])  # the prompt itself contains EOS (chat templates do)
-    out = trainer.generate([query], return_prompt=True, max_new_tokens=3, do_sample=False, pad_token_id=eos)[0]
-    assert torch.equal(out[:3], query) and len(out) > 3
-
-
-def test_log_stats_with_tensorboard(tmp_path, tokenizer):
-    trainer = make_trainer(tokenizer=tokenizer, log_with="tensorboard", project_kwargs={"logging_dir": str(tmp_path)})
-    stats = trainer.step(*batch())
-    trainer.log_stats(stats, {"query": ["a", "b"], "response": ["c", "d"]}, [torch.tensor(1.0), torch.tensor(0.0)])
-    trainer.accelerator.end_training()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    files = list(tmp_path.rglob("events.out.tfevents*"))
-    assert files
-    tags = set()
-    for file in files:
-        accumulator = EventAccumulator(str(file))
-        accumulator.Reload()
-        tags |= set(accumulator.Tags()["scalars"])
-    assert {"env/reward_mean", "objective/kl", "ppo/loss/total"} <= tags
-
-
-def test_save_pretrained_round_trip(tmp_path, tokenizer):
-    trainer = make_trainer(tokenizer=tokenizer, learning_rate=1e-2)
-    trainer.step(*batch())
-    trainer.save_pretrained(str(tmp_path))
-    assert (tmp_path / "tokenizer_config.json").is_file()
-    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path))
-    trained = trainer.accelerator.unwrap_model(trainer.model)
-    assert torch.equal(loaded.v_head.summary.weight, trained.v_head.summary.weight)
-    assert torch.equal(flat_weights(loaded), flat_weights(trained))
