@@ -175,3 +175,18 @@ def test_the_probe_never_undoes_a_random_draw_made_by_episodes_meanwhile(tiny_mo
     torch.manual_seed(0)
     expected = torch.rand(2)
     assert torch.equal(torch.cat([drawn, after]), expected)
+
+
+def test_the_loop_on_a_cuda_device_warns_once_with_its_measured_cost(tiny_model, monkeypatch, caplog):
+    from textenv.engine import fast_path
+
+    model = _same_weights(LlamaForCausalLM, tiny_model)
+    with caplog.at_level(logging.WARNING, logger=FAST_PATH_LOGGER):
+        assert decoding_path(model).fast  # on the CPU: no warning
+        assert not [record for record in caplog.records if "vllm" in record.getMessage()]
+        cuda_model = _same_weights(LlamaForCausalLM, tiny_model)
+        # The probe's forwards run where the weights are (the CPU); only the device it reports is a GPU's.
+        monkeypatch.setattr(fast_path, "model_device", lambda model: torch.device("cuda"))
+        assert decoding_path(cuda_model).fast and decoding_path(cuda_model).fast
+    warnings_ = [record.getMessage() for record in caplog.records if "vllm" in record.getMessage()]
+    assert len(warnings_) == 1 and "0.66-0.77x" in warnings_[0] and "--engine vllm" in warnings_[0]
