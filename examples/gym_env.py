@@ -28,7 +28,7 @@ from pathlib import Path
 from textenv import options, training
 from textenv.gym import GymSource, evaluate
 from textenv.logs import setup_logging
-from textenv.reporting import peak_memory_mb
+from textenv.reporting import peak_memory_mb, view_command
 from textenv.view import set_aside_previous_run
 
 PLUGIN = Path(__file__).with_name("gym_plugin.py")
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} games, lr {settings.learning_rate}, "
           f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {training.algorithm_summary(settings)}")
     print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"every game, step by step: textenv view {game.output_dir}")
+    print(f"every game, step by step: {view_command(game.output_dir)}")
     return {**figures, "train_rewards": [log.reward_mean for log in logs], "seconds": seconds, "output_dir": game.output_dir}
 
 

@@ -38,7 +38,7 @@ from textenv import training
 from textenv.extras import require
 from textenv.logs import setup_logging
 from textenv.options import CommandArguments, parse_options
-from textenv.reporting import peak_memory_mb
+from textenv.reporting import peak_memory_mb, view_command
 from textenv.view import set_aside_previous_run
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
     )
     logger.info(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
     logger.info(f"reward curve: {curve}")
-    logger.info(f"every episode, step by step: textenv view {curve.parent} --output page.html")
+    logger.info(f"every episode, step by step: {view_command(curve.parent)} --output page.html")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

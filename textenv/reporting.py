@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import resource
+import shutil
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -78,3 +81,17 @@ def print_summary(name: str, summary: dict, settings, save_dir: str | None, held
 def peak_memory_mb() -> float:
     """Peak resident memory of this process so far, in MiB (Linux `ru_maxrss` is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def view_command(run_dir: str | Path) -> str:
+    """The shell command that shows `run_dir` with `textenv view`, spelt so that it runs from the shell that
+    started this process: `make demo` runs `.venv/bin/textenv` without activating `.venv`, so where `PATH`
+    finds no `textenv` of this environment the command names the environment's own script."""
+    script = Path(sys.executable).parent / "textenv"
+    found = shutil.which("textenv")
+    if script.exists() and (found is None or Path(found).resolve() != script.resolve()):
+        relative = os.path.relpath(script)
+        program = relative if not relative.startswith("..") else str(script)
+    else:
+        program = "textenv"
+    return f"{program} view {run_dir}"
