@@ -28,7 +28,7 @@ from pathlib import Path
 from textenv import options, training
 from textenv.gym import GymSource, evaluate
 from textenv.logs import setup_logging
-from textenv.reporting import peak_memory_mb, view_command
+from textenv.reporting import report_run
 from textenv.view import set_aside_previous_run
 
 PLUGIN = Path(__file__).with_name("gym_plugin.py")
@@ -76,13 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     logs = training.train(trainer, games, settings.ppo_steps, progress=not command.no_progress, run_dir=game.output_dir, max_staleness=settings.max_staleness)
     after = training.measure(evaluate_held_out, "after", game.output_dir, tokenizer, step=len(logs))
 
-    figures = training.log_before_after(f"Guess the number: held-out games won of {len(held_out)}", before, after)
-    seconds = time.perf_counter() - started
-    print(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} games, lr {settings.learning_rate}, "
-          f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {training.algorithm_summary(settings)}")
-    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"every game, step by step: {view_command(game.output_dir)}")
-    return {**figures, "train_rewards": [log.reward_mean for log in logs], "seconds": seconds, "output_dir": game.output_dir}
+    return report_run(f"Guess the number: held-out games won of {len(held_out)}", before, after, logs, settings, game.output_dir,
+                      started, unit="games")
 
 
 if __name__ == "__main__":

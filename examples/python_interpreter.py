@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = reporting.before_after_summary(logs, before, after, title, time.perf_counter() - started, training_seconds, interpreter.output_dir)
     reporting.print_summary("python_interpreter", summary, settings, args.save_dir, "held-out problems", Path(args.log_dir) / "python_interpreter")
     logger.info(f"of which held-out evaluations {summary['evaluation_seconds']:.0f} s, training {training_seconds:.0f} s; threads: {settings.threads}")
-    logger.info(f"every episode, step by step: textenv view {interpreter.output_dir}")
+    logger.info(f"every episode, step by step: {reporting.view_command(interpreter.output_dir)}")
     return summary
 
 

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = reporting.before_after_summary(logs, before, after, title, time.perf_counter() - started, training_seconds, trivia.output_dir)
     reporting.print_summary("triviaqa", summary, settings, args.save_dir, "questions about held-out towns", Path(args.log_dir) / "triviaqa")
     logger.info(f"of which held-out evaluations {summary['evaluation_seconds']:.0f} s, training {training_seconds:.0f} s; threads: {settings.threads}")
-    logger.info(f"every episode, step by step: textenv view {trivia.output_dir}")
+    logger.info(f"every episode, step by step: {reporting.view_command(trivia.output_dir)}")
     return summary
 
 

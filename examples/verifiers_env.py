@@ -30,7 +30,7 @@ from pathlib import Path
 from textenv import options, training
 from textenv.gym import GymSource, evaluate
 from textenv.logs import setup_logging
-from textenv.reporting import peak_memory_mb
+from textenv.reporting import report_run
 from textenv.view import set_aside_previous_run
 
 ENVIRONMENTS = Path(__file__).resolve().parent / "verifiers"  # arithmetic.py: a verifiers environment
@@ -43,7 +43,7 @@ class VerifiersExampleArguments:
 
 
 def parse(argv: list[str] | None = None) -> tuple:
-    """`(settings, gym options, example options, command options)`; the defaults are the CPU run the README shows."""
+    """`(settings, gym options, example options, command options)`; the defaults are the CPU run docs/guides/examples.md shows."""
     defaults = dict(env_id="arithmetic", env_args=json.dumps({"num_train_examples": 1024, "num_eval_examples": 64}),
                     algorithm="grpo", num_generations=8, batch_size=16, mini_batch_size=8, ppo_steps=40, learning_rate=3e-4,
                     max_new_tokens=48, eval_tasks=64, loss_scale="all")
@@ -72,13 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
                           max_staleness=settings.max_staleness)
     after = training.measure(evaluate_held_out, "after", example.output_dir, tokenizer, step=len(logs))
 
-    figures = training.log_before_after(f"{gym.env_id}: held-out tasks solved of {len(held_out)}", before, after)
-    seconds = time.perf_counter() - started
-    print(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} episodes, lr {settings.learning_rate}, "
-          f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {training.algorithm_summary(settings)}")
-    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"every episode, step by step: textenv view {example.output_dir}")
-    return {**figures, "train_rewards": [log.reward_mean for log in logs], "seconds": seconds, "output_dir": example.output_dir}
+    return report_run(f"{gym.env_id}: held-out tasks solved of {len(held_out)}", before, after, logs, settings, example.output_dir, started)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class GenerationEngine:
         mixed_precision (`str`, *optional*): `"bf16"` or `"fp16"` decodes under `torch.autocast` in that dtype
             (weights kept as they are; greedy tokens follow the half-precision model); `None` or `"no"` (default):
             the model's own dtype. Meant for GPUs: on CPUs it measured slower than float32, with native bf16 too
-            (see the README), and a CPU that emulates bf16 gets a warning with the cost (`textenv.hardware`).
+            (see docs/guides/ppo.md), and a CPU that emulates bf16 gets a warning with the cost (`textenv.hardware`).
     """
 
     def __init__(

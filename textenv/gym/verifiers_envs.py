@@ -10,7 +10,7 @@ vLLM) from the episode's exact token ids, and the history trained is the one gen
 `VerifiersEnvironment` is one episode as a Gym `Env`: `reset` starts the rollout and returns the messages of
 its first model request (system prompt, few-shot, the question); `step` hands the reply to the rollout and
 returns what it sends next (its `env_response`: tool or user messages), or ``done`` when the rollout ended.
-What differs from verifiers' own client loop, by design, is listed in the README (verifiers section).
+What differs from verifiers' own client loop, by design, is listed in docs/guides/verifiers.md.
 
 verifiers 0.3 is the supported API (its classic environments; `textenv[verifiers]`). Importing this module
 imports verifiers; `textenv` itself never does.

@@ -4,7 +4,7 @@ Legacy TRL ran every padded row in full and kept `[B, L, V]` logits. Here the ro
 packed sequence of real tokens with every shared prefix once (`packing`), one pass gives policy
 log-probabilities and values, the LM head runs only on the response positions, and log-probabilities are
 gathered without a full log-softmax. The results equal ``PPOTrainer.batched_forward_pass``'s on every response
-position; outside the responses the log-probabilities are 0 (see the README's porting notes). `PPOTrainer.step`
+position; outside the responses the log-probabilities are 0 (see docs/guides/porting.md). `PPOTrainer.step`
 takes this path unless a subclass overrides ``batched_forward_pass``, ``train_minibatch`` or ``loss``, the model
 is an encoder-decoder, or ``kl_penalty="full"`` (which needs full logits). Models that cannot run packed (see
 `packing.supports_packing`) and ``PPOConfig(share_prompt_prefix=False)`` run the padded rows, cropped to their

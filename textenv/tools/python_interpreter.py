@@ -36,8 +36,8 @@ class PythonInterpreter:
     ``output limit of N characters exceeded``, ``exit code N``, ``CPU time limit exceeded``, ... The
     call itself never raises.
 
-    Isolation layers (Linux; found at construction, reported in :attr:`isolation`, see the README's
-    safety section):
+    Isolation layers (Linux; found at construction, reported in :attr:`isolation`, see
+    docs/guides/safety.md):
 
     1. **Process and directory.** A child in its own session, working directory = a fresh temporary
        folder (also ``HOME`` and ``TMPDIR``) removed after the call; standard input ``/dev/null``; no

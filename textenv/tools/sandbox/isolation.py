@@ -1,5 +1,5 @@
 """Which isolation layers the kernel grants here, found once per process by a real sandboxed run, and
-what each missing layer leaves open (for warnings, ``strict`` refusals and the README)."""
+what each missing layer leaves open (for warnings, ``strict`` refusals and docs/guides/safety.md)."""
 
 from __future__ import annotations
 
