@@ -81,22 +81,22 @@ def print_summary(name: str, summary: dict, settings, save_dir: str | None, held
 
 def report_run(title: str, before: dict[str, Evaluation], after: dict[str, Evaluation], logs: Sequence[StepLog], settings,
                run_dir: str, started: float, unit: str = "episodes") -> dict:
-    """Print the end of a measure -> train -> measure script (the Gym and verifiers examples): the before ->
+    """Log the end of a measure -> train -> measure script (the Gym and verifiers examples): the before ->
     after table under `title`, the training settings, wall time and peak memory, and the `textenv view` command.
 
     Args:
         started (`float`): `time.perf_counter()` at the script's start.
-        unit (`str`): what an episode is called in the printout (``"games"``, ``"episodes"``).
+        unit (`str`): what an episode is called in the log (``"games"``, ``"episodes"``).
 
     Returns:
         The before/after figures of `log_before_after`, plus `train_rewards`, `seconds` and `output_dir`.
     """
     figures = log_before_after(title, before, after)
     seconds = time.perf_counter() - started
-    print(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} {unit}, lr {settings.learning_rate}, "
-          f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {algorithm_summary(settings)}")
-    print(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
-    print(f"every episode, step by step: {view_command(run_dir)}")
+    logger.info(f"training: {len(logs)} {settings.algorithm.upper()} steps x {settings.batch_size} {unit}, lr {settings.learning_rate}, "
+                f"LoRA r={settings.lora_rank} on the top {settings.lora_layers} layers, {algorithm_summary(settings)}")
+    logger.info(f"wall time: {seconds / 60:.1f} min ({seconds:.0f} s), peak memory: {peak_memory_mb():.0f} MiB")
+    logger.info(f"every episode, step by step: {view_command(run_dir)}")
     return {**figures, "train_rewards": [log.reward_mean for log in logs], "seconds": seconds, "output_dir": run_dir}
 
 
