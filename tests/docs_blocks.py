@@ -49,6 +49,14 @@ def python_blocks(page: Path) -> list[Block]:
     return [block for block in page_blocks(page) if block.language == "python"]
 
 
+def example_source(page: str, marker: str) -> str:
+    """The source of the ```python block right after `marker` (``<!-- example: NAME -->``) on `page`, a path
+    under docs/, for the test that runs it."""
+    blocks = [block for block in python_blocks(ROOT / "docs" / page) if f"<!-- {block.marker} -->" == marker]
+    assert blocks, f"docs/{page} has no python block right after {marker}"
+    return blocks[0].source
+
+
 def textenv_command_lines(page: Path) -> list[tuple[Block, list[str]]]:
     """The `textenv COMMAND ...` lines of the page's bash blocks (continuation lines joined, comments cut), as
     argument lists after `textenv`."""

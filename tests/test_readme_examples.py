@@ -11,23 +11,15 @@ episodes it had gained only 4% -> 17% on CI's machine: the reward only starts to
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from tests.docs_blocks import example_source
+
 MARKER = "<!-- example: own-environment -->"
 LEARNED_POINTS = 30  # percentage points the sampled share must rise by
 
 
-def docs_block(page: str, marker: str) -> str:
-    """The first ```python block after `marker` on the documentation page `page` (a path under docs/)."""
-    text = (DOCS / page).read_text()
-    match = re.search(r"```python\n(.*?)```", text[text.index(marker):], re.DOTALL)
-    assert match, f"no python block after {marker}"
-    return match.group(1)
-
-
 def test_the_own_environment_example_runs_as_written_and_learns(tmp_path):
-    completed = subprocess.run([sys.executable, "-c", docs_block("guides/own-environment.md", MARKER)], cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    completed = subprocess.run([sys.executable, "-c", example_source("guides/own-environment.md", MARKER)], cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert completed.returncode == 0, completed.stderr[-4000:]
     before, after = (int(value) for value in re.search(r"at most five words, sampled: (\d+)% -> (\d+)%", completed.stdout).groups())
     assert after >= before + LEARNED_POINTS, completed.stdout

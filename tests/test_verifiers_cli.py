@@ -71,9 +71,9 @@ def test_the_documented_verifiers_example_runs_as_written():
     import subprocess
     import sys
 
-    from tests.test_readme_examples import docs_block
+    from tests.docs_blocks import example_source
 
-    completed = subprocess.run([sys.executable, "-c", docs_block("guides/verifiers.md", "<!-- example: verifiers -->")], cwd=EXAMPLES.parent,
+    completed = subprocess.run([sys.executable, "-c", example_source("guides/verifiers.md", "<!-- example: verifiers -->")], cwd=EXAMPLES.parent,
                                capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     lines = [line for line in completed.stdout.splitlines() if " -> " in line]
