@@ -338,7 +338,7 @@ def test_verifiers_v1_environment_is_refused_with_what_is_missing(tokenizer):
         pass
 
     V1Taskset.__abstractmethods__ = frozenset()
-    with pytest.raises(TypeError, match="verifiers v1 environment.*interception server"):
+    with pytest.raises(TypeError, match=r"verifiers v1 environment; textenv drives v1 tasksets with verifiers 0\.4\.0.*verifiers 0\.3\.1 is installed"):
         GymScheduler(None, tokenizer, policy=ScriptedPolicy(tokenizer, lambda context: ""), verifiers_env=object.__new__(V1Taskset))
 
 

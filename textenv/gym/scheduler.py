@@ -8,6 +8,8 @@ error is recorded in the episode and in `completions.jsonl`. `close()` always ru
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -202,13 +204,24 @@ class GymScheduler:
                 f"GymScheduler: max_turns={self.max_turns} with verifiers_env; the environment's own max_turns ends its "
                 "episodes: load it with that argument (vf.load_environment(ID, max_turns=N)) and leave max_turns=None here."
             )
-        try:
-            from textenv.gym.verifiers_envs import VerifiersEnvironments
-        except ImportError as error:
-            raise ImportError(f"verifiers_env needs verifiers 0.3 ({error}): pip install 'textenv[verifiers]'.") from error
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "textenv"
         kwargs = self.generation_kwargs
         sampling_args = {"max_tokens": kwargs.get("max_new_tokens"), "temperature": kwargs.get("temperature", 1.0) if kwargs.get("do_sample") else 0.0}
+        if _is_v1_environment(verifiers_env):
+            installed = importlib.metadata.version("verifiers")
+            if not installed.startswith("0.4."):
+                raise TypeError(
+                    f"verifiers_env: {type(verifiers_env).__name__} is a verifiers v1 environment; textenv drives v1 tasksets with "
+                    f"verifiers 0.4.0 (pip install 'textenv[verifiers-v1]'), and verifiers {installed} is installed (its v1 is a "
+                    "preview textenv does not drive; its classic environments are supported)."
+                )
+            from textenv.gym.verifiers_v1 import V1Environments
+
+            return V1Environments(verifiers_env, model_name=name, sampling=sampling_args)
+        try:
+            from textenv.gym.verifiers_envs import VerifiersEnvironments
+        except ImportError as error:
+            raise ImportError(f"verifiers_env needs verifiers 0.3 for a classic environment ({error}): pip install 'textenv[verifiers]'.") from error
         return VerifiersEnvironments(verifiers_env, model_name=name, sampling_args=sampling_args)
 
     def chat_tools(self) -> ChatTools:
@@ -333,15 +346,14 @@ class GymScheduler:
             if keep_episodes:
                 results.append((index, episode))
 
-        scoring = None
-        if self.verifiers_environments is not None:  # verifiers scores a row's episodes together
-            from textenv.gym.verifiers_envs import GroupScoring
-
-            scoring = GroupScoring(self.verifiers_environments, num_generations, finish, self.step_timeout)
+        verifiers = self.verifiers_environments
+        # classic verifiers scores a row's episodes together; v1 serves an endpoint and scores in the episode
+        scoring = verifiers.group_scoring(num_generations, finish, self.step_timeout) if verifiers is not None else None
         try:
-            await play_all(plays(), generator, self.max_concurrency, scoring.add if scoring is not None else finish)
-            if scoring is not None:
-                await scoring.wait()
+            async with verifiers.serving() if verifiers is not None else contextlib.nullcontext():
+                await play_all(plays(), generator, self.max_concurrency, scoring.add if scoring is not None else finish)
+                if scoring is not None:
+                    await scoring.wait()
         finally:
             if scoring is not None:
                 for task in list(scoring.tasks):
@@ -353,6 +365,11 @@ class GymScheduler:
             if isinstance(generator, BatchedGenerator):
                 self.stats.batch_sizes = list(generator.batch_sizes)
         return [episode for _, episode in sorted(results, key=lambda pair: pair[0])]
+
+
+def _is_v1_environment(environment: Any) -> bool:
+    """A verifiers v1 `Env` (verifiers 0.4), told without importing verifiers."""
+    return any(cls.__module__ == "verifiers.v1.env" and cls.__name__ == "Env" for cls in type(environment).__mro__)
 
 
 def _open_log(target) -> tuple[Optional[CompletionsLog], bool]:

@@ -19,6 +19,7 @@ imports verifiers; `textenv` itself never does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -110,6 +111,14 @@ class VerifiersEnvironments:
         self.model_name = model_name
         self.sampling_args = dict(sampling_args or {})
         self.name = environment.env_id or type(environment).__name__
+
+    def serving(self) -> Any:
+        """Nothing to serve: the rollouts ask `EpisodeClient`, in process."""
+        return contextlib.nullcontext()
+
+    def group_scoring(self, num_generations: int, finish, timeout: Optional[float]) -> "GroupScoring":
+        """Scores each row's episodes together once all have ended (see `GroupScoring`)."""
+        return GroupScoring(self, num_generations, finish, timeout)
 
     def adapter(self, row: Mapping[str, Any], index: int) -> "VerifiersEnvironment":
         """The episode of `row` (row `index` of the run: its `example_id` when the row has none)."""

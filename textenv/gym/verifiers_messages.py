@@ -5,6 +5,9 @@ verifiers 0.3 writes a tool call flat (``ToolCall(id, name, arguments: str)``); 
 write it OpenAI's way (``{"id", "type": "function", "function": {"name", "arguments"}}``). Arguments go to
 verifiers as a JSON string (``json.dumps(..., ensure_ascii=False)``, what vLLM's tool parsers send); a call
 textenv could not read keeps its raw text there, so the environment's own `ToolEnv` answers the parse error.
+
+The chat conversions need no verifiers; the classic API's types are imported by the two functions that build
+them (verifiers 0.4 has no `verifiers.legacy`, and its v1 adapter uses the conversions too).
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ from __future__ import annotations
 import json
 import time
 from typing import Any, Dict, List, Optional, Sequence
-
-from verifiers.legacy.types import Response, ResponseMessage, ToolCall
 
 from textenv.engine.stopping import FINISH_LENGTH
 from textenv.tools.json_calls import ToolCallRecord
@@ -77,8 +78,10 @@ def openai_tool_call(call: Any) -> Dict[str, Any]:
     return {"id": fields.get("id", ""), "type": "function", "function": {"name": fields.get("name", ""), "arguments": fields.get("arguments", "")}}
 
 
-def verifiers_tool_calls(message: Dict[str, Any]) -> Optional[List[ToolCall]]:
+def verifiers_tool_calls(message: Dict[str, Any]) -> Optional[list]:
     """The `tool_calls` textenv parsed from a reply, as verifiers' `ToolCall`s (`None` without calls)."""
+    from verifiers.legacy.types import ToolCall
+
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function", {})
@@ -89,10 +92,12 @@ def verifiers_tool_calls(message: Dict[str, Any]) -> Optional[List[ToolCall]]:
     return calls or None
 
 
-def model_response(message: Dict[str, Any], finish_reason: Optional[str], model: str, response_id: str) -> Response:
+def model_response(message: Dict[str, Any], finish_reason: Optional[str], model: str, response_id: str) -> Any:
     """A model turn as the `vf.Response` a verifiers client returns: the reply's text and tool calls;
     ``"length"`` when the turn hit its token budget (`is_truncated`), else ``"tool_calls"`` or ``"stop"``.
     No `usage` and no `tokens`: textenv keeps the exact token ids in its own episode."""
+    from verifiers.legacy.types import Response, ResponseMessage
+
     tool_calls = verifiers_tool_calls(message)
     truncated = finish_reason == FINISH_LENGTH
     reason = "length" if truncated else ("tool_calls" if tool_calls else "stop")
