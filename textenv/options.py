@@ -151,7 +151,7 @@ class GymArguments:
         default=None, metadata={"help": "with --environment_factory: TRL reward functions f(prompts, completions, **kwargs), module:f,... (summed)"}
     )
     env_id: Optional[str] = field(default=None, metadata={"help": "--task verifiers: the installed verifiers environment (its id or module name)"})
-    env_args: Optional[str] = field(default=None, metadata={"help": "--task verifiers: load_environment's keyword arguments, a JSON object"})
+    env_args: Optional[str] = field(default=None, metadata={"help": "--task verifiers: load_environment's keyword arguments, a JSON object (a v1 taskset: its env config, e.g. {\"taskset\": {...}, \"agent\": {\"max_turns\": 4}})"})
 
     def __post_init__(self) -> None:
         from textenv.chat.transcript import check_loss_scale
@@ -210,6 +210,10 @@ class GymArguments:
         environment = self.verifiers_environment()
         if environment is None:
             raise ValueError("the gym task needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id) or --env_id.")
+        if not hasattr(environment, "get_dataset"):  # a v1 env: its taskset's tasks (choose them with the taskset's config)
+            from textenv.gym.verifiers_v1 import task_rows
+
+            return task_rows(environment)
         return load_rows(environment.get_eval_dataset() if split == "eval" else environment.get_dataset())
 
     def trl_arguments(self) -> dict[str, Any]:
@@ -270,6 +274,17 @@ def _env_args(text: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _load_verifiers_environment(env_id: str, env_args: str):
     """Loaded once per process: the rows and the scheduler of a run share one environment."""
+    import importlib.metadata
+
+    try:
+        installed = importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError as error:
+        raise ImportError("--task verifiers needs verifiers: pip install 'textenv[verifiers]' (classic environments, verifiers 0.3) "
+                          "or 'textenv[verifiers-v1]' (v1 tasksets, verifiers 0.4).") from error
+    if installed.startswith("0.4."):  # verifiers 0.4 has only the v1 API
+        from textenv.gym.verifiers_v1 import load_v1_environment
+
+        return load_v1_environment(env_id, _env_args(env_args))
     from textenv.gym.verifiers_envs import load_verifiers_environment
 
     return load_verifiers_environment(env_id, _env_args(env_args))

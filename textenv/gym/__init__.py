@@ -12,8 +12,9 @@ played by the one episode driver on the engine entry.
 - `episode`: `GymEpisode`, a finished episode with its `TextHistory`;
 - `trl_environments`: `TrlEnvironments` / `TrlEnvironment`, TRL 1.x `environment_factory` classes run as `Env`s;
   `environment_thread`: `EnvironmentThread`, the thread an episode's sync environment code runs on;
-- `verifiers_envs`: verifiers environments run as `Env`s (``GymScheduler(verifiers_env=...)``);
-  `verifiers_messages`: messages between verifiers and textenv;
+- `verifiers_envs`: classic verifiers environments (0.3) run as `Env`s (``GymScheduler(verifiers_env=...)``);
+  `verifiers_v1`: verifiers v1 tasksets (0.4) run as `Env`s, `load_v1_environment`; `verifiers_endpoint`: the
+  OpenAI-compatible endpoint their harness asks; `verifiers_messages`: messages between verifiers and textenv;
 - `rows`: `load_rows`, `make_request`; `completions`: `CompletionsLog`, `read_completions`;
 - `training`: `ppo_batch`, `GymSource` (the training loop's episode source), `evaluate`;
 - `batching`: `BatchedGenerator`, the driver's generator around a batch function; `policy`: `ScriptedPolicy`;

@@ -24,8 +24,10 @@ import importlib.util
 import json
 import logging
 import os
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple
+import shutil
+import sys
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from verifiers.v1.clients import EvalClientConfig, ModelContext
 from verifiers.v1.configs.agent import agent_config_fields
@@ -104,6 +106,41 @@ def check_drivable_v1(environment: V1Env) -> None:
         )
 
 
+@contextmanager
+def _subprocess_environment(module: str) -> Iterator[None]:
+    """$PYTHONPATH and $PATH for verifiers' subprocesses while the env serves: the taskset's folder (see
+    `_subprocess_path`), and this environment's `bin` when `uv` is installed there but not on $PATH (verifiers
+    would otherwise try to install uv with pip or curl)."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "PATH")}
+    os.environ["PYTHONPATH"] = _subprocess_path(module, saved["PYTHONPATH"])
+    own_bin = os.path.dirname(sys.executable)
+    if shutil.which("uv") is None and os.path.exists(os.path.join(own_bin, "uv")):
+        os.environ["PATH"] = os.pathsep.join([own_bin, saved["PATH"] or ""])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def prepare_chat_harness() -> None:
+    """Install the packages of verifiers' chat program (its uv script: openai, mcp, httpx, tenacity; about 60 MB
+    into uv's cache) now, as verifiers does at an episode's first setup; for a set-up step before going offline."""
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+    from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntime
+
+    runtime = SubprocessRuntime(SubprocessConfig())
+    with _subprocess_environment(__name__):
+        await runtime.start()
+        try:
+            await runtime.prepare_uv_script(CHAT_PROGRAM_SOURCE)
+        finally:
+            await runtime.stop()
+
+
 def _subprocess_path(module: str, python_path: Optional[str]) -> str:
     """$PYTHONPATH for verifiers' subprocesses (the task's tool servers import the taskset's module): the folder
     this process imported the taskset from is added when it is not an installed package's (a folder put on
@@ -146,17 +183,12 @@ class V1Environments:
     async def serving(self) -> AsyncIterator[None]:
         """The endpoint and verifiers' own serving resources (interception server, shared tool servers)."""
         await self.endpoint.start()
-        saved_path = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = _subprocess_path(type(self.environment.taskset).__module__, saved_path)
         try:
-            async with self.environment.serving():
-                yield
+            with _subprocess_environment(type(self.environment.taskset).__module__):
+                async with self.environment.serving():
+                    yield
         finally:
             await self.endpoint.stop()
-            if saved_path is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved_path
 
     def adapter(self, row: Mapping[str, Any], index: int) -> "V1Episode":
         return V1Episode(self, row)
