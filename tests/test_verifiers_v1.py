@@ -2,8 +2,9 @@
 
 verifiers' own `Env.run_episode` plays each episode (its chat harness as a subprocess, its interception server,
 the task's MCP tools and rewards); textenv's endpoint answers the model requests from its episode driver.
-The tasksets are verifiers' own, vendored under tests/data/verifiers_v1 (MIT): its e2e fixtures `echo-v1` and
-`echo-tool-v1`, and its `glossary` environment. These run where verifiers 0.4 is installed (.venv-vllm, the
+The tasksets are verifiers' own, vendored under tests/data/verifiers_v1 (MIT): its e2e fixtures `echo-v1`,
+`echo-tool-v1` (an MCP tool), `echo-user-sim-v1` (multi-turn: a scripted user) and `duet-v1` (two agents, refused),
+and its `glossary` environment (a task-scoped MCP tool). These run where verifiers 0.4 is installed (.venv-vllm, the
 vLLM part of `make test`; tests/scope.py), and skip elsewhere.
 """
 
@@ -44,7 +45,11 @@ def glossary_script(question, results):
     return f"<answer>{results[-1]}</answer>", None
 
 
-SCRIPTS = {"echo-v1": echo_script, "echo-tool-v1": echo_tool_script, "glossary": glossary_script}
+def echo_user_sim_script(question, results):
+    return question, None  # the scripted user's last message, back
+
+
+SCRIPTS = {"echo-v1": echo_script, "echo-tool-v1": echo_tool_script, "glossary": glossary_script, "echo-user-sim-v1": echo_user_sim_script}
 
 
 def textenv_own(env, rows, tokenizer, script, **scheduler_kwargs) -> list:
@@ -136,6 +141,8 @@ def test_what_cannot_be_driven_is_refused_with_what_is_missing(tokenizer):
     sandboxed = load_v1_environment("echo-v1", {"agent": {"runtime": {"type": "prime"}}})
     with pytest.raises(TypeError, match="'prime' runtime, a sandbox service.*agent.runtime.type='subprocess'"):
         GymScheduler(None, tokenizer, policy=textenv_policy(tokenizer, echo_script), verifiers_env=sandboxed)
+    with pytest.raises(TypeError, match="runs 2 agents \\(a, b\\); textenv trains one conversation per episode"):
+        GymScheduler(None, tokenizer, policy=textenv_policy(tokenizer, echo_script), verifiers_env=load_v1_environment("duet-v1"))
     with pytest.raises(ValueError, match="max_turns=2 with verifiers_env"):
         GymScheduler(None, tokenizer, policy=textenv_policy(tokenizer, echo_script), verifiers_env=load_v1_environment("echo-v1"), max_turns=2)
 
@@ -149,3 +156,16 @@ def test_textenv_rollout_plays_a_v1_taskset(tmp_path):
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(record["messages"][1]["content"].split(": ")[-1] for record in records) == ["ping", "pong"]  # in the order they ended
     assert all(record["trajectory_infos"][-1]["rewards"].keys() == {"echoed"} for record in records)
+
+
+def test_failures_stay_in_their_episode(tokenizer):
+    env = load_v1_environment("faulty-v1", {"agent": {"timeout": {"scoring": 3}}})
+    policy = textenv_policy(tokenizer, lambda question, results: (question.split()[-1].rstrip("."), None))
+    episodes = GymScheduler(None, tokenizer, policy=policy, verifiers_env=env).run(task_rows(env))
+    infos = {episode.messages[-1]["content"]: episode.trajectory_infos[-1] for episode in episodes}
+    assert sorted(infos) == ["ok", "reward_hangs", "reward_raises", "run_raises"] and not any(episode.errors for episode in episodes)
+    assert infos["ok"]["reward"] == 1.0 and "errors" not in infos["ok"]
+    assert infos["reward_raises"]["rewards"] == {"echoed": None} and infos["reward_raises"]["reward"] == 0
+    assert infos["reward_raises"]["errors"] == ["TaskError: task FaultyTask scoring: RuntimeError: the grader crashed"]
+    assert infos["reward_hangs"]["stop_condition"] == "scoring_timeout" and infos["reward_hangs"]["reward"] == 0
+    assert infos["run_raises"]["errors"] == ["EnvError: FaultyEnv.run(): RuntimeError: the game server crashed"]

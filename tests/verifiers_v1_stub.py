@@ -3,7 +3,7 @@ chat-completions endpoint (an aiohttp server, what verifiers' own `Env.run_episo
 interception server and chat harness), and as textenv's `ScriptedPolicy` (the same replies as generated text,
 calls in the template's ``<tool_call>`` form).
 
-A script is ``script(question, tool_results) -> (content, call)``: the episode's first user message and the
+A script is ``script(question, tool_results) -> (content, call)``: the episode's last user message and the
 tool results it has had so far; `call` is ``(name, arguments)`` or `None`."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def textenv_policy(tokenizer, script: Script):
     from textenv.gym import ScriptedPolicy
 
     def reply(context: str) -> str:
-        question = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", context, re.S)[0]
+        question = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", context, re.S)[-1]
         results = [result.strip() for result in re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", context, re.S)]
         return rendered(*script(question, results))
 
@@ -41,7 +41,7 @@ async def start_stub(script: Script):
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         messages = body["messages"]
-        question = next(message["content"] for message in messages if message["role"] == "user")
+        question = [message["content"] for message in messages if message["role"] == "user"][-1]
         results = [message["content"] for message in messages if message["role"] == "tool"]
         content, call = script(question, results)
         calls = [] if call is None else [{"id": f"call{len(results):05d}", "type": "function",

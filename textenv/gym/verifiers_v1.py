@@ -33,7 +33,7 @@ from verifiers.v1.clients import EvalClientConfig, ModelContext
 from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.env import Env as V1Env
 from verifiers.v1.types import SamplingConfig
-from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
 
 from textenv.engine.stopping import FINISH_LENGTH
 from textenv.gym.env import Env, Messages, RolloutInferRequest
@@ -59,9 +59,11 @@ def load_v1_environment(env_id: str, env_args: Optional[Mapping[str, Any]] = Non
     Raises:
         ModuleNotFoundError: no taskset of that id is installed (the message says how to install one).
     """
-    config = _merged({"taskset": {"id": env_id}, "agent": copy.deepcopy(DEFAULT_AGENT)}, dict(env_args or {}))
+    env_args = dict(env_args or {})
     try:
-        return load_environment(resolve_env_config(config))
+        single_agent = "agent" in env_config_type(env_id, env_args.get("id") or "").model_fields  # else roles of its own
+        defaults = {"taskset": {"id": env_id}, **({"agent": copy.deepcopy(DEFAULT_AGENT)} if single_agent else {})}
+        return load_environment(resolve_env_config(_merged(defaults, env_args)))
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             f"--env_id {env_id!r}: {error} Install the taskset first: `prime env install {env_id}` (Environments Hub), "
