@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 vf = pytest.importorskip("verifiers", reason="the verifiers tests need textenv[verifiers]")
+pytest.importorskip("verifiers.legacy", reason="the classic verifiers tests need verifiers 0.3 (textenv[verifiers]); 0.4 has only v1")
 
 from textenv.gym import GymScheduler  # noqa: E402
 from textenv.gym.verifiers_envs import load_verifiers_environment  # noqa: E402

@@ -11,8 +11,8 @@ vLLM part of `make test`; tests/scope.py), and skip elsewhere.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +21,8 @@ import pytest
 if not importlib.metadata.version("verifiers").startswith("0.4.") if importlib.util.find_spec("verifiers") else True:
     pytest.skip("the verifiers v1 tests need verifiers 0.4 (textenv[verifiers-v1], installed in .venv-vllm)", allow_module_level=True)
 
-from textenv.gym import GymScheduler  # noqa: E402
+from textenv.cli import run_command  # noqa: E402
+from textenv.gym import GymScheduler, read_completions  # noqa: E402
 from textenv.gym.verifiers_v1 import load_v1_environment, task_rows  # noqa: E402
 from tests.verifiers_v1_stub import comparable, textenv_policy, verifiers_own  # noqa: E402
 
@@ -149,13 +150,21 @@ def test_what_cannot_be_driven_is_refused_with_what_is_missing(tokenizer):
 
 def test_textenv_rollout_plays_a_v1_taskset(tmp_path):
     output = tmp_path / "completions.jsonl"
-    command = [sys.executable, "-m", "textenv.cli", "rollout", "--model", "bundled", "--task", "verifiers", "--env_id", "echo-v1",
-               "--env_args", '{"taskset": {"phrases": ["ping", "pong"]}}', "--max_new_tokens", "8", "--output", str(output)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(TASKSETS)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in output.read_text().splitlines()]
+    summary = run_command(["rollout", "--model", "tiny", "--task", "verifiers", "--env_id", "echo-v1", "--env_args",
+                           '{"taskset": {"phrases": ["ping", "pong"]}}', "--max_new_tokens", "8", "--output", str(output), "--no_progress"])
+    assert summary["episodes"] == 2 and summary["errors"] == 0
+    records = read_completions(output)
     assert sorted(record["messages"][1]["content"].split(": ")[-1] for record in records) == ["ping", "pong"]  # in the order they ended
     assert all(record["trajectory_infos"][-1]["rewards"].keys() == {"echoed"} for record in records)
+
+
+def test_train_grpo_on_a_v1_taskset(tmp_path):
+    run_command(["train", "--task", "verifiers", "--env_id", "glossary", "--model", "tiny", "--algorithm", "grpo", "--num_generations", "2",
+                 "--batch_size", "4", "--mini_batch_size", "4", "--ppo_steps", "1", "--max_new_tokens", "8", "--output_dir", str(tmp_path),
+                 "--no_progress"])
+    records = read_completions(tmp_path / "completions.jsonl")
+    assert len(records) == 4 and all(set(record["trajectory_infos"][-1]["rewards"]) == {"looked_up"} for record in records)
+    assert all(record["trajectory_infos"][0]["tools"] == ["facts_lookup"] for record in records)
 
 
 def test_failures_stay_in_their_episode(tokenizer):
