@@ -178,3 +178,16 @@ def test_failures_stay_in_their_episode(tokenizer):
     assert infos["reward_raises"]["errors"] == ["TaskError: task FaultyTask scoring: RuntimeError: the grader crashed"]
     assert infos["reward_hangs"]["stop_condition"] == "scoring_timeout" and infos["reward_hangs"]["reward"] == 0
     assert infos["run_raises"]["errors"] == ["EnvError: FaultyEnv.run(): RuntimeError: the game server crashed"]
+
+
+def test_the_documented_v1_example_runs_as_written():
+    import subprocess
+
+    from tests.docs_blocks import example_source
+
+    root = Path(__file__).resolve().parents[1]
+    completed = subprocess.run([sys.executable, "-c", example_source("guides/verifiers.md", "<!-- example: verifiers-v1 -->")], cwd=root,
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = [line for line in completed.stdout.splitlines() if " turns -> " in line]
+    assert len(lines) == 2 and all("'looked_up'" in line for line in lines)
