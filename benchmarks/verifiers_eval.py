@@ -80,6 +80,38 @@ def _rewards(pairs) -> dict:
     return {(example, index): reward for example, rewards in by_example.items() for index, reward in enumerate(sorted(rewards))}
 
 
+def compare(name: str, sides: dict, episodes: int, runs: int, engine) -> dict:
+    """Time `sides` (name -> run, returning (seconds, rewards)) alternately, `runs` times each on an emptied prefix
+    cache; print and return the medians, the mean rewards, this process's CPU seconds and the episodes of equal reward."""
+    times = {side: [] for side in sides}
+    client_cpu = {side: [] for side in sides}
+    rewards = {}
+    order = list(sides)
+    for run in range(runs):
+        for side in order if run % 2 == 0 else order[::-1]:
+            vllm_bench.fresh_cache(engine)
+            cpu = time.process_time()
+            seconds, rewards[side] = sides[side]()
+            times[side].append(seconds)
+            client_cpu[side].append(time.process_time() - cpu)
+            print(f"[{name}] run {run + 1} {side}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    same = sum(rewards["verifiers"].get(key) == value for key, value in rewards["textenv"].items())
+    r = {
+        "episodes": episodes,
+        **{f"{side}_seconds": statistics.median(times[side]) for side in times},
+        **{f"{side}_seconds_all": times[side] for side in times},
+        **{f"{side}_episodes_per_s": episodes / statistics.median(times[side]) for side in times},
+        **{f"{side}_mean_reward": statistics.fmean(rewards[side].values()) for side in rewards},
+        **{f"{side}_client_cpu_seconds": statistics.median(client_cpu[side]) for side in client_cpu},
+        "same_reward": same, "runs": runs,
+    }
+    print(f"{name}: {episodes} episodes, verifiers {r['verifiers_episodes_per_s']:.2f} ep/s (reward {r['verifiers_mean_reward']:.3f}), "
+          f"textenv {r['textenv_episodes_per_s']:.2f} ep/s (reward {r['textenv_mean_reward']:.3f}), "
+          f"textenv/verifiers {r['textenv_episodes_per_s'] / r['verifiers_episodes_per_s']:.2f}x, same reward {same}/{episodes}; "
+          f"this process's CPU seconds: verifiers {r['verifiers_client_cpu_seconds']:.1f}, textenv {r['textenv_client_cpu_seconds']:.1f}")
+    return r
+
+
 @contextlib.contextmanager
 def _given_server(url: str):
     """A server started elsewhere, described as `running_server`'s (no start-up time, not stopped here)."""
@@ -111,35 +143,9 @@ def main() -> None:
                 rows = eval_rows(env, args.examples)
                 scheduler = GymScheduler(model, tokenizer, verifiers_env=env, engine=engine, max_concurrency=256, batch_size=256,
                                          generation_kwargs={"max_new_tokens": args.max_tokens, "do_sample": False})
-                times = {"verifiers": [], "textenv": []}
-                client_cpu = {"verifiers": [], "textenv": []}
-                rewards = {}
-                for run in range(args.runs):
-                    for side in (("verifiers", "textenv") if run % 2 == 0 else ("textenv", "verifiers")):
-                        vllm_bench.fresh_cache(engine)
-                        cpu = time.process_time()
-                        if side == "verifiers":
-                            seconds, rewards[side] = verifiers_side(env, rows, args.generations, server.url, served, args.max_tokens)
-                        else:
-                            seconds, rewards[side] = textenv_side(scheduler, rows, args.generations)
-                        times[side].append(seconds)
-                        client_cpu[side].append(time.process_time() - cpu)
-                        print(f"[{name}] run {run + 1} {side}: {seconds:.1f} s", file=sys.stderr, flush=True)
-                episodes = len(rows) * args.generations
-                same = sum(rewards["verifiers"].get(key) == value for key, value in rewards["textenv"].items())
-                results[name] = {
-                    "episodes": episodes,
-                    **{f"{side}_seconds": statistics.median(times[side]) for side in times},
-                    **{f"{side}_episodes_per_s": episodes / statistics.median(times[side]) for side in times},
-                    **{f"{side}_mean_reward": statistics.fmean(rewards[side].values()) for side in rewards},
-                    **{f"{side}_client_cpu_seconds": statistics.median(client_cpu[side]) for side in client_cpu},
-                    "same_reward": same, "runs": args.runs,
-                }
-                r = results[name]
-                print(f"{name}: {episodes} episodes, verifiers {r['verifiers_episodes_per_s']:.2f} ep/s (reward {r['verifiers_mean_reward']:.3f}), "
-                      f"textenv {r['textenv_episodes_per_s']:.2f} ep/s (reward {r['textenv_mean_reward']:.3f}), "
-                      f"textenv/verifiers {r['textenv_episodes_per_s'] / r['verifiers_episodes_per_s']:.2f}x, same reward {same}/{episodes}; "
-                      f"this process's CPU seconds: verifiers {r['verifiers_client_cpu_seconds']:.1f}, textenv {r['textenv_client_cpu_seconds']:.1f}")
+                sides = {"verifiers": lambda: verifiers_side(env, rows, args.generations, server.url, served, args.max_tokens),
+                         "textenv": lambda: textenv_side(scheduler, rows, args.generations)}
+                results[name] = compare(name, sides, len(rows) * args.generations, args.runs, engine)
         record = vllm_bench.server_record(server, args.dtype)
     print("BENCH_RESULT " + json.dumps({"server": record, "results": results, "max_tokens": args.max_tokens}))
 
