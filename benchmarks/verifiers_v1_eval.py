@@ -1,6 +1,7 @@
 """A verifiers v1 taskset evaluated two ways on one vLLM server of the bundled model: verifiers' own evaluation
 (`Env.run_episode` inside `Env.serving`, its chat harness posting to the server's chat-completions endpoint
-through verifiers' interception server) and textenv (`GymScheduler(verifiers_env=load_v1_environment(ID),
+through verifiers' interception server; the server renders tools with textenv's tool template and parses the
+calls with vLLM's hermes parser, as textenv renders and parses them) and textenv (`GymScheduler(verifiers_env=load_v1_environment(ID),
 engine="vllm")`: the same harness and interception server, the requests answered from the episode's token
 ids).
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,18 +71,27 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--envs", default="echo-v1,echo-user-sim-v1,glossary")
-    parser.add_argument("--url", default=None, help="a running server of the bundled model (`textenv serve`); default: start one")
+    parser.add_argument("--url", default=None, help="a running server of the bundled model serving textenv's tool template with the "
+                        "hermes tool parser; default: start one")
     args = parser.parse_args()
 
+    from textenv.chat.templates import tool_chat_template
     from textenv.gym import GymScheduler
     from textenv.gym.verifiers_v1 import load_v1_environment, task_rows
     from textenv.models import load_bundled_model
     from textenv.vllm.client import VLLMServerClient
 
     sys.path.insert(0, str(TASKSETS))
+    # verifiers' tool servers import the taskset in their own process: as installed (textenv adds the folder itself)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TASKSETS), os.environ.get("PYTHONPATH")]))
     model, tokenizer = load_bundled_model()
     results = {}
-    with (_given_server(args.url) if args.url else vllm_bench.running_server(args.dtype)) as server:
+    # The server renders tools as textenv does (its tool template for a tokenizer whose template has none, as the
+    # bundled model's) and parses the calls in that form, so that both sides show the model the same prompt.
+    template = Path(tempfile.mkdtemp()) / "tool_template.jinja"
+    template.write_text(tool_chat_template(tokenizer) or tokenizer.chat_template)
+    tool_args = ["--chat-template", str(template), "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with (_given_server(args.url) if args.url else vllm_bench.running_server(args.dtype, extra_args=tool_args)) as server:
         served = VLLMServerClient(server.url).request("GET", "/v1/models")["data"][0]["id"]
         with vllm_bench.prepared_engine(server.url, model, tokenizer) as engine:
             for name in args.envs.split(","):

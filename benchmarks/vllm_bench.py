@@ -21,7 +21,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import workload
 from report import VLLM_SUFFIX
@@ -36,17 +36,18 @@ def _log(message: str) -> None:
 
 
 @contextmanager
-def running_server(dtype: str = "float32", log: Callable[[str], None] = _log, kv_cache_gib: float = KV_CACHE_GIB) -> Iterator[Any]:
+def running_server(dtype: str = "float32", log: Callable[[str], None] = _log, kv_cache_gib: float = KV_CACHE_GIB,
+                   extra_args: Sequence[str] = ()) -> Iterator[Any]:
     """A vLLM server of the bundled model in `dtype` (resolved for this machine: `auto` is float32 on a CPU that
     emulates bf16) on a free port, stopped when the block ends however it ends (SIGTERM is turned into
     `SystemExit` meanwhile so that it ends the block too; the server's guard stops it if this process dies).
-    The server's `dtype_choice` says which dtype it runs in and why."""
+    The server's `dtype_choice` says which dtype it runs in and why; `extra_args` go to `vllm serve`."""
     from textenv.hardware import resolve_server_dtype
     from textenv.models import bundled_model_path
     from textenv.vllm.server import VLLMServer, free_port
 
     choice = resolve_server_dtype(dtype)
-    server = VLLMServer(str(bundled_model_path()), free_port(), choice.dtype, kv_cache_gib=kv_cache_gib)
+    server = VLLMServer(str(bundled_model_path()), free_port(), choice.dtype, kv_cache_gib=kv_cache_gib, extra_args=extra_args)
     server.dtype_choice = choice
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     log(f"[vllm] starting a server on {server.url}, {choice.reason} (log: {server.log_path}) ...")
