@@ -210,7 +210,9 @@ class GymArguments:
         environment = self.verifiers_environment()
         if environment is None:
             raise ValueError("the gym task needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id) or --env_id.")
-        if not hasattr(environment, "get_dataset"):  # a v1 env: its taskset's tasks (choose them with the taskset's config)
+        from textenv.gym.verifiers_messages import is_v1_environment
+
+        if is_v1_environment(environment):  # its taskset's tasks (choose them with the taskset's config)
             from textenv.gym.verifiers_v1 import task_rows
 
             return task_rows(environment)
@@ -274,14 +276,9 @@ def _env_args(text: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _load_verifiers_environment(env_id: str, env_args: str):
     """Loaded once per process: the rows and the scheduler of a run share one environment."""
-    import importlib.metadata
+    from textenv.gym.verifiers_messages import V1_RELEASE, installed_verifiers
 
-    try:
-        installed = importlib.metadata.version("verifiers")
-    except importlib.metadata.PackageNotFoundError as error:
-        raise ImportError("--task verifiers needs verifiers: pip install 'textenv[verifiers]' (classic environments, verifiers 0.3) "
-                          "or 'textenv[verifiers-v1]' (v1 tasksets, verifiers 0.4).") from error
-    if installed.startswith("0.4."):  # verifiers 0.4 has only the v1 API
+    if installed_verifiers().startswith(V1_RELEASE):  # verifiers 0.4 has only the v1 API
         from textenv.gym.verifiers_v1 import load_v1_environment
 
         return load_v1_environment(env_id, _env_args(env_args))

@@ -9,7 +9,6 @@ error is recorded in the episode and in `completions.jsonl`. `close()` always ru
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -33,6 +32,7 @@ from textenv.gym.play import GymPlay, completion_record
 from textenv.gym.registry import load_plugins
 from textenv.gym.rows import load_rows
 from textenv.gym.trl_environments import TrlEnvironments
+from textenv.gym.verifiers_messages import V1_RELEASE, installed_verifiers, is_v1_environment
 
 __all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
 
@@ -207,9 +207,9 @@ class GymScheduler:
         name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "textenv"
         kwargs = self.generation_kwargs
         sampling_args = {"max_tokens": kwargs.get("max_new_tokens"), "temperature": kwargs.get("temperature", 1.0) if kwargs.get("do_sample") else 0.0}
-        if _is_v1_environment(verifiers_env):
-            installed = importlib.metadata.version("verifiers")
-            if not installed.startswith("0.4."):
+        if is_v1_environment(verifiers_env):
+            installed = installed_verifiers()
+            if not installed.startswith(V1_RELEASE):
                 raise TypeError(
                     f"verifiers_env: {type(verifiers_env).__name__} is a verifiers v1 environment; textenv drives v1 tasksets with "
                     f"verifiers 0.4.0 (pip install 'textenv[verifiers-v1]'), and verifiers {installed} is installed (its v1 is a "
@@ -365,11 +365,6 @@ class GymScheduler:
             if isinstance(generator, BatchedGenerator):
                 self.stats.batch_sizes = list(generator.batch_sizes)
         return [episode for _, episode in sorted(results, key=lambda pair: pair[0])]
-
-
-def _is_v1_environment(environment: Any) -> bool:
-    """A verifiers v1 `Env` (verifiers 0.4), told without importing verifiers."""
-    return any(cls.__module__ == "verifiers.v1.env" and cls.__name__ == "Env" for cls in type(environment).__mro__)
 
 
 def _open_log(target) -> tuple[Optional[CompletionsLog], bool]:

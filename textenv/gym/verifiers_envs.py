@@ -30,7 +30,7 @@ from verifiers.legacy.envs.environment import Environment
 from verifiers.legacy.errors import OverlongPromptError
 
 from textenv.gym.env import Env, Messages, RolloutInferRequest
-from textenv.gym.verifiers_messages import chat_dicts, model_response, tool_call_records
+from textenv.gym.verifiers_messages import chat_dicts, is_v1_environment, model_response, tool_call_records
 
 logger = logging.getLogger(__name__)
 
@@ -150,22 +150,13 @@ def check_drivable(environment: Any) -> None:
                 "environments (the completion format is deprecated in verifiers 0.3). Load it with message_type='chat'."
             )
         return
-    if _is_v1_environment(environment):
+    if is_v1_environment(environment):
         raise TypeError(
-            f"verifiers_env: {type(environment).__name__} is a verifiers v1 environment. Its harness talks to the model through "
-            "verifiers' interception server (an OpenAI endpoint per rollout), which textenv's episode driver does not provide; "
-            "textenv plays classic environments (verifiers 0.3: SingleTurnEnv, MultiTurnEnv, ToolEnv, StatefulToolEnv and their "
-            "subclasses). Serve the model with `textenv serve` and evaluate it with verifiers' own v1 runner instead."
+            f"verifiers_env: {type(environment).__name__} is a verifiers v1 environment; VerifiersEnvironments plays classic "
+            "environments (verifiers 0.3). Pass it to GymScheduler(verifiers_env=...) with verifiers 0.4 installed "
+            "(textenv.gym.verifiers_v1, pip install 'textenv[verifiers-v1]')."
         )
     raise TypeError(f"verifiers_env: expected a verifiers Environment (vf.load_environment(...)), got {type(environment).__name__}.")
-
-
-def _is_v1_environment(environment: Any) -> bool:
-    try:
-        from verifiers.v1.env import Env as V1Env
-    except ImportError:  # a verifiers without v1
-        return False
-    return isinstance(environment, V1Env)
 
 
 class VerifiersEnvironment(Env):

@@ -7,7 +7,8 @@ verifiers as a JSON string (``json.dumps(..., ensure_ascii=False)``, what vLLM's
 textenv could not read keeps its raw text there, so the environment's own `ToolEnv` answers the parse error.
 
 The chat conversions need no verifiers; the classic API's types are imported by the two functions that build
-them (verifiers 0.4 has no `verifiers.legacy`, and its v1 adapter uses the conversions too).
+them (verifiers 0.4 has no `verifiers.legacy`, and its v1 adapter uses the conversions too). So do
+`installed_verifiers` and `is_v1_environment`, which choose between the two adapters.
 """
 
 from __future__ import annotations
@@ -20,6 +21,27 @@ from textenv.engine.stopping import FINISH_LENGTH
 from textenv.tools.json_calls import ToolCallRecord
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+V1_RELEASE = "0.4."  # the verifiers release whose v1 API textenv drives (0.4 has no classic API)
+
+
+def installed_verifiers() -> str:
+    """The installed verifiers version.
+
+    Raises:
+        ImportError: verifiers is not installed (the message names both extras).
+    """
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError as error:
+        raise ImportError("--task verifiers needs verifiers: pip install 'textenv[verifiers]' (classic environments, verifiers 0.3) "
+                          "or 'textenv[verifiers-v1]' (v1 tasksets, verifiers 0.4).") from error
+
+
+def is_v1_environment(environment: Any) -> bool:
+    """A verifiers v1 `Env` (or subclass), told without importing verifiers."""
+    return any(cls.__module__ == "verifiers.v1.env" and cls.__name__ == "Env" for cls in type(environment).__mro__)
 
 
 def text_content(content: Any, where: str) -> str:

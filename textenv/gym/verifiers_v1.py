@@ -22,7 +22,6 @@ import asyncio
 import copy
 import importlib.util
 import json
-import logging
 import os
 import shutil
 import sys
@@ -39,8 +38,6 @@ from textenv.engine.stopping import FINISH_LENGTH
 from textenv.gym.env import Env, Messages, RolloutInferRequest
 from textenv.gym.verifiers_endpoint import ChatReply, ContextOverflow, EpisodeEndpoint
 from textenv.gym.verifiers_messages import chat_dicts, tool_call_records
-
-logger = logging.getLogger(__name__)
 
 DRIVABLE_HARNESSES = ("null",)  # verifiers' chat loop: chat completions with the task's MCP tools
 LOCAL_RUNTIMES = ("subprocess",)
@@ -75,10 +72,6 @@ def _merged(base: Dict[str, Any], override: Mapping[str, Any]) -> Dict[str, Any]
     for key, value in override.items():
         base[key] = _merged(dict(base.get(key) or {}), value) if isinstance(value, Mapping) and isinstance(base.get(key), Mapping) else value
     return base
-
-
-def is_v1_environment(environment: Any) -> bool:
-    return isinstance(environment, V1Env)
 
 
 def check_drivable_v1(environment: V1Env) -> None:
