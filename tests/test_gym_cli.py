@@ -30,13 +30,12 @@ def test_subcommand_table():
 
 
 def test_an_unknown_command_names_the_commands(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="no command 'train-gym'; choose one of demo, train, rollout, serve, view"):
         run_command(["train-gym", "--steps", "1"])
-    assert "invalid choice: 'train-gym'" in capsys.readouterr().err
 
 
 def test_rollout_refuses_a_run_without_a_dataset():
-    with pytest.raises(ValueError, match="needs --dataset"):
+    with pytest.raises(ValueError, match="no rows to play: give --dataset"):
         run_command(["rollout", "--model", "tiny"])
 
 
@@ -59,10 +58,20 @@ def test_rollout_command(rows_file, tmp_path, capsys):
     assert greedy(out) == greedy(again)  # --temperature 0 decodes greedily
 
 
-def test_rollout_unknown_env_is_recorded_per_episode(rows_file, tmp_path):
+def test_rollout_refuses_an_unknown_gym_env_option_in_one_line(rows_file, tmp_path, capsys):
+    exit_code = main(["rollout", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "nope", "--external_plugins", str(PLUGIN)])
+    error = capsys.readouterr().err
+    assert exit_code == 2 and error.count("\n") == 1
+    assert error.startswith("textenv rollout: error: --gym_env nope: Environment 'nope' not found") and "guess_env" in error
+
+
+def test_rollout_unknown_env_of_a_row_is_recorded_per_episode(rows_file, tmp_path):
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    rows[1]["env_config"] = {"name": "nope"}
+    rows_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "c.jsonl"
     exit_code = main([
-        "rollout", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "nope",
+        "rollout", "--model", "tiny", "--dataset", str(rows_file), "--gym_env", "math_env",
         "--external_plugins", str(PLUGIN), "--max_turns", "1", "--max_new_tokens", "2", "--output", str(out), "--no_progress",
     ])
     assert exit_code == 0

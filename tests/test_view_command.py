@@ -34,7 +34,7 @@ def test_textenv_view_default_output_and_errors(tmp_path, runs):
     copy.mkdir()
     (copy / "episodes.jsonl").write_bytes((runs["text"] / "episodes.jsonl").read_bytes())
     assert run_command(["view", str(copy)])["output"] == str(copy / "view.html") and (copy / "view.html").exists()
-    with pytest.raises(ValueError, match="textenv view needs PATH: a run directory"):
+    with pytest.raises(ValueError, match="PATH is missing: give a run directory"):
         run_command(["view", "--output", str(tmp_path / "x.html")])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_command(["view", str(tmp_path / "missing")])

@@ -37,7 +37,8 @@ from typing import Optional, Sequence
 from textenv import training
 from textenv.extras import require
 from textenv.logs import setup_logging
-from textenv.options import CommandArguments, parse_options
+from textenv.options import CommandArguments
+from textenv.parsing import parse_options, settings_phase
 from textenv.reporting import peak_memory_mb, view_command
 from textenv.view import set_aside_previous_run
 
@@ -86,6 +87,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[training.Settings, DemoArg
     defaults = asdict(QUICK_SETTINGS if quick else DEMO_SETTINGS)
     if not quick:
         defaults.pop("max_new_tokens")  # its default depends on --tool_format
+        defaults.pop("mini_batch_size")  # its default depends on --batch_size
     classes = (training.Settings, DemoArguments, CommandArguments)
     return parse_options(classes, argv, prog="textenv demo", description=__doc__, defaults=defaults)
 
@@ -104,17 +106,17 @@ def print_summary(before: dict, after: dict, settings: training.Settings, steps_
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run the demo and return its figures (accuracies before/after, seconds, the curve's path)."""
-    settings, args, command = parse(argv)
-    setup_logging(command.log_level)
     started = time.perf_counter()
-    training.seed_everything(settings.seed, settings.threads)
-
+    with settings_phase():
+        settings, args, command = parse(argv)
+        setup_logging(command.log_level)
+        training.seed_everything(settings.seed, settings.threads)
+        model, tokenizer = training.build_policy(settings)
+        env = training.build_calculator_environment(model, tokenizer, settings)
+        ppo_trainer = training.build_trainer(model, tokenizer, settings)
     previous = set_aside_previous_run(args.output_dir)
     if previous is not None:
         logger.info(f"the previous demo run's episodes and steps moved to {previous}")
-    model, tokenizer = training.build_policy(settings)
-    env = training.build_calculator_environment(model, tokenizer, settings)
-    ppo_trainer = training.build_trainer(model, tokenizer, settings)
     eval_queries, eval_answers = training.calculator_tasks(settings.eval_tasks, settings.eval_seed, settings)
     task_batches = training.calculator_task_batches(settings.batch_size, settings.seed, eval_queries, plain=settings.tool_format == "json")
 

@@ -107,10 +107,18 @@ def _set_special_tokens_from_gguf(tokenizer, gguf_path: Path) -> None:
 
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     """``None`` or an alias of the bundled model gives its converted folder; anything else is returned
-    unchanged for ``from_pretrained`` (a local folder or a hub id)."""
+    unchanged for ``from_pretrained`` (a local folder or a hub id).
+
+    Raises:
+        FileNotFoundError: a path written as one (``/...``, ``./...``, ``../...``, ``~/...``) that does not exist,
+            before it is looked up on the hub.
+    """
     if name_or_path is None or str(name_or_path) in BUNDLED_MODEL_ALIASES:
         return str(bundled_model_path())
-    return str(name_or_path)
+    text = str(name_or_path)
+    if text.startswith(("/", "./", "../", "~")) and not Path(text).expanduser().exists():
+        raise FileNotFoundError(f"model folder {text} does not exist: give 'bundled', 'tiny', a model folder or a hub id.")
+    return text
 
 
 def load_tokenizer(name_or_path: str | os.PathLike | None = None, **kwargs):

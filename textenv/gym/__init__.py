@@ -21,7 +21,7 @@ played by the one episode driver on the engine entry.
 - `validation`: `EnvContractError` and the checks on what envs and context managers return;
 - `command`: `textenv rollout`.
 
-May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
+May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.parsing (textenv rollout's parser and settings errors), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
 """
 
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError

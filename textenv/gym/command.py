@@ -1,11 +1,12 @@
-"""`textenv rollout`: play Gym episodes with a model and append them to completions.jsonl (no training).
+"""`textenv rollout`: play Gym or verifiers episodes with a model and append them to completions.jsonl (no training).
 
 Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`, `GymArguments`, TRL's
 `ModelConfig` for the model, `CommandArguments`), plus `RolloutArguments`; ``--config run.yaml`` works here too.
 
-    textenv rollout --model bundled --dataset rows.jsonl --gym_env NAME --max_turns 4 --output completions.jsonl
-    textenv rollout --model bundled --dataset rows.jsonl --environment_factory my_env.py:MyEnv --max_new_tokens 64
-    textenv rollout --model bundled --task verifiers --env_id my-env --env_args '{"max_turns": 4}'
+    textenv rollout --model bundled --dataset examples/data/guess_number.jsonl --external_plugins examples/gym_plugin.py \\
+        --gym_env guess_number --max_turns 4 --output completions.jsonl
+    textenv rollout --model bundled --dataset examples/data/counter.jsonl --environment_factory examples/counter_env.py:CounterEnv
+    PYTHONPATH=examples/verifiers textenv rollout --model bundled --task verifiers --env_id arithmetic --env_args '{"num_eval_examples": 8}'
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from textenv.logs import setup_logging
-from textenv.options import CommandArguments, EpisodeArguments, GymArguments, parse_options
+from textenv.options import CommandArguments, EpisodeArguments, GymArguments
+from textenv.parsing import parse_options, settings_phase
 
 logger = logging.getLogger(__name__)
+
+TASKS = ("gym", "verifiers")
 
 
 @dataclass
@@ -27,7 +31,11 @@ class RolloutArguments:
     output: str = field(default="completions.jsonl", metadata={"help": "the completions.jsonl to append the episodes to"})
     num_generations: int = field(default=1, metadata={"help": "episodes per dataset row"})
     seed: int = field(default=0, metadata={"help": "seed of torch (sampling) and of a tiny model's weights"})
-    task: str = field(default="gym", metadata={"help": "gym (--dataset rows) or verifiers (--env_id: its eval rows, or --dataset)"})
+    task: str = field(
+        default="gym",
+        metadata={"help": "gym (rows of --dataset played by --gym_env or --environment_factory) or verifiers (the verifiers "
+                          "environment --env_id: its eval rows, or --dataset)"},
+    )
 
 
 def summarize(episodes) -> dict[str, Any]:
@@ -41,29 +49,46 @@ def summarize(episodes) -> dict[str, Any]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Run `textenv rollout` and return its summary (episodes, mean reward, mean turns, errors, output)."""
-    import torch
-    from trl import ModelConfig
+def parse(argv: Optional[Sequence[str]] = None) -> tuple:
+    """The options of the command line (and its ``--config`` file), checked together; nothing is loaded.
 
-    from textenv.gym import load_plugins
-    from textenv.training.policy import load_policy
+    Returns:
+        ``(episode, gym, rollout, model_config, command)``: `EpisodeArguments`, `GymArguments`, `RolloutArguments`,
+        TRL's `ModelConfig`, `CommandArguments`.
+
+    Raises:
+        ValueError: an unknown option or task, no rows to play, or values that do not go together.
+    """
+    from trl import ModelConfig
 
     classes = (EpisodeArguments, GymArguments, RolloutArguments, ModelConfig, CommandArguments)
     episode, gym, rollout, model_config, command = parse_options(classes, argv, prog="textenv rollout", description=__doc__)
-    if rollout.task not in ("gym", "verifiers"):
-        raise ValueError(f"--task must be gym or verifiers, got {rollout.task!r}.")
+    if rollout.task not in TASKS:
+        raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {rollout.task!r}.")
     gym.check_task(rollout.task)
     if not gym.dataset and not gym.env_id:
-        raise ValueError("textenv rollout needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
-    setup_logging(command.log_level)
-    load_plugins(gym.external_plugins)
-    rows = gym.rows(split="eval")
-    torch.manual_seed(rollout.seed)
-    model, tokenizer = load_policy(
-        model_config.model_name_or_path or "bundled", device=episode.device, value_head=False, dtype=model_config.dtype, seed=rollout.seed
-    )
-    scheduler = gym.scheduler(model, tokenizer, episode)
+        raise ValueError("no rows to play: give --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id), "
+                         "or --task verifiers --env_id ID.")
+    if rollout.num_generations < 1:
+        raise ValueError(f"--num_generations must be >= 1, got {rollout.num_generations}.")
+    return episode, gym, rollout, model_config, command
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Run `textenv rollout` and return its summary (episodes, mean reward, mean turns, errors, output)."""
+    import torch
+
+    from textenv.training.policy import load_policy
+
+    with settings_phase():
+        episode, gym, rollout, model_config, command = parse(argv)
+        setup_logging(command.log_level)
+        rows = gym.prepare(split="eval")
+        torch.manual_seed(rollout.seed)
+        model, tokenizer = load_policy(
+            model_config.model_name_or_path or "bundled", device=episode.device, value_head=False, dtype=model_config.dtype, seed=rollout.seed
+        )
+        scheduler = gym.scheduler(model, tokenizer, episode)
     episodes = scheduler.run(rows, num_generations=rollout.num_generations, completions_path=rollout.output, progress=not command.no_progress)
     summary = {**summarize(episodes), "output": str(rollout.output)}
     logger.info(" ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in summary.items()))

@@ -12,7 +12,7 @@
 - `calculator`: the calculator job's environment and training tasks;
 - `command`: `textenv train`; `hub`: pushing a trained policy to the Hugging Face Hub.
 
-May import: textenv.environment, textenv.episodes, textenv.grpo, textenv.gym (GymSource, plugins; a cycle), textenv.hardware, textenv.logs, textenv.models, textenv.options (a cycle), textenv.ppo, textenv.tasks, textenv.tools, textenv.view
+May import: textenv.environment, textenv.episodes, textenv.grpo, textenv.gym (GymSource, plugins; a cycle), textenv.hardware, textenv.logs, textenv.models, textenv.options (a cycle), textenv.parsing (textenv train's parser and settings errors), textenv.ppo, textenv.tasks, textenv.tools, textenv.view
 """
 
 from textenv.training.calculator import build_calculator_environment, calculator_task_batches, calculator_tasks

@@ -9,7 +9,7 @@
   `show(path)` for Jupyter;
 - `command`: the `textenv view PATH --output page.html` command.
 
-May import: textenv.environment, textenv.gym (completions.jsonl; a cycle), textenv.logs, textenv.options (parse_options), textenv.tools
+May import: textenv.environment, textenv.gym (completions.jsonl; a cycle), textenv.logs, textenv.parsing (textenv view's parser and settings errors), textenv.tools
 """
 
 from textenv.view.data import RunData, load_run

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from textenv.logs import LOG_LEVELS, setup_logging
-from textenv.options import parse_options
+from textenv.parsing import parse_options, settings_phase
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> ViewArguments:
         argv = ["--path", *argv]
     (view,) = parse_options((ViewArguments,), argv, prog="textenv view", description=__doc__)
     if not view.path:
-        raise ValueError("textenv view needs PATH: a run directory (episodes.jsonl, steps.jsonl and/or completions.jsonl) or one such file, e.g. textenv view outputs/train --output page.html")
+        raise ValueError("PATH is missing: give a run directory (episodes.jsonl, steps.jsonl and/or completions.jsonl) or one such file, e.g. textenv view outputs/train --output page.html")
     return view
 
 
@@ -80,16 +80,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     from textenv.view.data import load_run
     from textenv.view.page import render_page
 
-    view = parse(argv)
-    setup_logging(view.log_level)
-    path = Path(view.path)
-    run = load_run(path)
-    output = Path(view.output) if view.output else default_output(path)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_page(run, view.title or f"textenv view: {view.path}"), encoding="utf-8")
-    logger.info(f"textenv view: {len(run.episodes)} episodes, {len(run.steps)} steps -> {output}")
-    if view.serve:
-        server = serve(output.resolve(), view.port)
+    with settings_phase():
+        view = parse(argv)
+        setup_logging(view.log_level)
+        path = Path(view.path)
+        run = load_run(path)
+        output = Path(view.output) if view.output else default_output(path)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(render_page(run, view.title or f"textenv view: {view.path}"), encoding="utf-8")
+        logger.info(f"textenv view: {len(run.episodes)} episodes, {len(run.steps)} steps -> {output}")
+        server = serve(output.resolve(), view.port) if view.serve else None  # a port in use is a settings error
+    if server is not None:
         logger.info(f"serving http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)")
         try:
             server.serve_forever()

@@ -12,7 +12,7 @@ must import in vLLM's own environment, which lacks textenv's dependencies.
 - `checks`: refuse a server that serves another model or tokenizer;
 - `worker/textenv_vllm_worker.py`: worker methods loaded into the server (it imports nothing from textenv).
 
-May import: textenv (lazy_exports), textenv.asyncio_bridge, textenv.engine (a cycle), textenv.hardware, textenv.logs, textenv.models, textenv.padding
+May import: textenv (lazy_exports), textenv.asyncio_bridge, textenv.engine (a cycle), textenv.hardware, textenv.logs, textenv.models, textenv.padding, textenv.parsing (textenv serve's one-line errors)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Start a vLLM server for textenv: from this Python when it has vLLM (`pip install 'textenv[vllm]'`), else from
 `.venv-vllm` (`make vllm`) or the Python `--vllm_python` / `TEXTENV_VLLM_PYTHON` names; textenv talks to it over
-HTTP. `VLLMServer` starts
-``python -m vllm.entrypoints.openai.api_server`` there on loopback, with textenv's worker methods
-(`worker/textenv_vllm_worker.py`, for weight syncs) and the dev endpoints the syncs use, and waits until
-`/health` answers. `textenv serve --model PATH --port PORT` does the same from the command line.
+HTTP. `VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` there, on 127.0.0.1 unless told
+otherwise, with textenv's worker methods (`worker/textenv_vllm_worker.py`, for weight syncs) and the dev endpoints
+the syncs use, and waits until `/health` answers. `textenv serve --model bundled --port 8000` does the same from
+the command line (``--host`` beyond the loopback warns why that needs a trusted network: `host_warning`).
 
 A server never outlives the textenv process that started it: it runs under `guard.py`, which leads its process
 group and stops the whole group (SIGTERM, then SIGKILL after a grace period) when textenv stops it, when textenv
@@ -31,6 +31,7 @@ from typing import Iterator, Sequence
 
 from textenv.hardware import resolve_server_dtype
 from textenv.logs import setup_logging
+from textenv.parsing import HelpFormatter, one_line_errors, settings_phase
 from textenv.vllm.client import VLLMServerClient
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ DEFAULT_STARTUP_TIMEOUT = 600.0
 DEFAULT_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL (a vLLM server still starting ignores SIGTERM)
 GUARD = Path(__file__).with_name("guard.py")
 SERVER_ARGS_VARIABLE = "TEXTENV_VLLM_SERVER_ARGS"
+LOOPBACK = "127.0.0.1"
+LOOPBACK_HOSTS = (LOOPBACK, "localhost", "::1")
+ALL_INTERFACES = ("0.0.0.0", "::")
 
 
 def find_vllm_python(explicit: str | None = None) -> str:
@@ -65,13 +69,14 @@ def find_vllm_python(explicit: str | None = None) -> str:
     )
 
 
-def server_command(python: str, model: str, port: int, dtype: str = "auto", extra_args: Sequence[str] = ()) -> list[str]:
-    """The command line of a vLLM server for `model` on 127.0.0.1:`port` with textenv's worker methods, then
+def server_command(python: str, model: str, port: int, dtype: str = "auto", extra_args: Sequence[str] = (),
+                   host: str = LOOPBACK) -> list[str]:
+    """The command line of a vLLM server for `model` on `host`:`port` with textenv's worker methods, then
     the arguments of `$TEXTENV_VLLM_SERVER_ARGS` (for every server textenv starts, e.g. ``--enforce-eager``:
     vLLM 0.32 recompiles the model at every CPU start-up, about 100 s here, as its compile cache does not load
     under torch 2.13) and `extra_args`."""
     return [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
         "--port", str(port), "--dtype", dtype, "--worker-extension-cls", WORKER_EXTENSION,
         *shlex.split(os.environ.get(SERVER_ARGS_VARIABLE, "")), *extra_args,
     ]
@@ -95,7 +100,7 @@ def server_environment(kv_cache_gib: int | None = None) -> dict[str, str]:
 
 
 class VLLMServer:
-    """A vLLM server process serving `model` on 127.0.0.1:`port`; a context manager that stops it on exit.
+    """A vLLM server process serving `model` on `host`:`port`; a context manager that stops it on exit.
 
     Args:
         model (`str`): the model folder (a policy's checkpoint; the bundled model's converted folder).
@@ -106,17 +111,18 @@ class VLLMServer:
         log_path (`str`, *optional*): where the server's output goes (default: a file in the temp folder).
         kv_cache_gib (`int`, *optional*, defaults to 2): the CPU backend's KV cache size in GiB (whole GiB).
         grace (`float`, defaults to 10): seconds a stopping server gets between SIGTERM and SIGKILL.
+        host (`str`, defaults to 127.0.0.1): the address it listens on (see `host_warning` before going beyond it).
 
     `process` is the server's guard (`guard.py`), whose pid is the server's process group.
     """
 
     def __init__(self, model: str, port: int, dtype: str = "auto", vllm_python: str | None = None, extra_args: Sequence[str] = (),
-                 log_path: str | None = None, kv_cache_gib: int | None = 2, grace: float = DEFAULT_STOP_GRACE):
+                 log_path: str | None = None, kv_cache_gib: int | None = 2, grace: float = DEFAULT_STOP_GRACE, host: str = LOOPBACK):
         self.model, self.port = str(model), port
-        self.command = server_command(find_vllm_python(vllm_python), model, port, dtype, extra_args)
+        self.command = server_command(find_vllm_python(vllm_python), model, port, dtype, extra_args, host)
         self.environment = server_environment(kv_cache_gib)
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"textenv-vllm-{port}.log")
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{LOOPBACK if host in ALL_INTERFACES else host}:{port}"  # where this machine reaches it
         self.grace = grace
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
@@ -194,23 +200,68 @@ class VLLMServer:
         self.stop()
 
 
+SERVE_DESCRIPTION = """Serve a model with vLLM for textenv's --engine vllm (until Ctrl-C, SIGTERM or SIGHUP).
+
+Arguments it does not know go to vLLM's server (e.g. --enforce-eager). It listens on 127.0.0.1: a trainer on
+another machine reaches it through an SSH tunnel (ssh -L 8000:127.0.0.1:8000 SERVER), or with --host 0.0.0.0 on
+a network you trust: the server runs with vLLM's dev endpoints on (textenv's weight syncs use them), so anyone who
+reaches the port can run its worker methods and replace the weights; textenv warns when --host is not a loopback.
+
+    textenv serve --model bundled --port 8000
+    textenv serve --model bundled --port 8000 --host 0.0.0.0 --dtype float32
+"""
+
+
+def host_warning(host: str) -> str | None:
+    """Why listening on `host` needs care, or `None` for a loopback address: every server textenv starts runs with
+    vLLM's dev endpoints on (`server_environment`), which let any client that reaches the port run worker methods
+    and reload the weights."""
+    if host in LOOPBACK_HOSTS:
+        return None
+    return (f"--host {host}: the server will listen beyond this machine, and it runs with VLLM_SERVER_DEV_MODE=1 (the weight syncs "
+            "use its /collective_rpc endpoint): anyone who reaches the port can run its worker methods, replace the weights and "
+            "read what it generates. Open it only on a network you trust (a firewall rule for the trainer's address, or keep "
+            "127.0.0.1 and an SSH tunnel: ssh -L 8000:127.0.0.1:8000 SERVER).")
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """`textenv serve`'s options, and the arguments it passes on to vLLM.
+
+    Raises:
+        ValueError: a bad value (one line, naming the option).
+    """
+    parser = one_line_errors(argparse.ArgumentParser)(
+        prog="textenv serve", description=SERVE_DESCRIPTION, formatter_class=HelpFormatter, allow_abbrev=False)
+    parser.add_argument("--model", default="bundled", help="model folder, or 'bundled' (SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default=LOOPBACK, help="address to listen on; beyond the loopback it warns why (see --help's text)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto); auto is float32 on a CPU without native bf16")
+    parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: this one if it has vLLM, else .venv-vllm/bin/python)")
+    parser.add_argument("--kv_cache_gib", type=int, default=2, help="CPU backend: KV cache size in whole GiB")
+    parser.add_argument("--stop_grace", type=float, default=DEFAULT_STOP_GRACE, help="seconds between SIGTERM and SIGKILL when stopping")
+    args, extra = parser.parse_known_args(argv)
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be from 1 to 65535, got {args.port}.")
+    if args.kv_cache_gib < 1:
+        raise ValueError(f"--kv_cache_gib must be a whole number of GiB >= 1, got {args.kv_cache_gib}.")
+    return args, extra
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`textenv serve`: start a vLLM server for a model and serve until stopped. Ctrl-C, SIGTERM and SIGHUP (at
     start-up too) stop the server and all its processes and end the command with status 0; a server that fails to
     start or exits ends it with status 1 (its log's tail printed)."""
-    parser = argparse.ArgumentParser(prog="textenv serve", description="Serve a model with vLLM for textenv's --engine vllm.")
-    parser.add_argument("--model", default="bundled", help="model folder, or 'bundled' (SmolLM2-135M-Instruct)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dtype", default="auto", help="vLLM --dtype (float32, bfloat16, auto); auto is float32 on a CPU without native bf16")
-    parser.add_argument("--vllm_python", default=None, help="Python with vLLM (default: .venv-vllm/bin/python)")
-    parser.add_argument("--kv_cache_gib", type=int, default=2, help="CPU backend: KV cache size in whole GiB")
-    parser.add_argument("--stop_grace", type=float, default=DEFAULT_STOP_GRACE, help="seconds between SIGTERM and SIGKILL when stopping")
-    args, extra = parser.parse_known_args(argv)
-    setup_logging("info")
-    model = resolve_model_folder(args.model)
-    dtype = resolve_server_dtype(args.dtype)
-    server = VLLMServer(model, args.port, dtype.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib, grace=args.stop_grace)
-    logger.info(f"Starting vLLM for {model} on {server.url}, {dtype.reason} (log: {server.log_path}) ...")
+    with settings_phase():
+        args, extra = parse(argv)
+        setup_logging("info")
+        warning = host_warning(args.host)
+        if warning:
+            logger.warning(warning)
+        model = resolve_model_folder(args.model)
+        dtype = resolve_server_dtype(args.dtype)
+        server = VLLMServer(model, args.port, dtype.dtype, args.vllm_python, extra, kv_cache_gib=args.kv_cache_gib,
+                            grace=args.stop_grace, host=args.host)
+    logger.info(f"Starting vLLM for {model} on {args.host}:{args.port}, {dtype.reason} (log: {server.log_path}) ...")
     with stop_signals_raised():
         try:
             return _serve(server)
