@@ -1,9 +1,7 @@
-"""The options every `textenv` command and example shares, and the one way they are parsed.
+"""The options every `textenv` command and example shares, and the defaults they agree on.
 
-Options are dataclasses read by TRL's `TrlParser` (an `HfArgumentParser`), as TRL's own scripts read theirs:
-``--config run.yaml`` reads any option from a file and the command line overrides it; every option takes both
-spellings (``--max_turns`` and ``--max-turns``); ``--model``, ``--lora`` and ``--lora_rank`` are understood
-by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS`).
+Options are dataclasses parsed by `textenv.parsing.parse_options` (TRL's `TrlParser`: ``--config run.yaml``,
+both spellings of every option, the aliases ``--model`` / ``--lora`` / ``--lora_rank``; re-exported here).
 
 - `EpisodeArguments`: how episodes are played (device, turns, tokens per turn, temperature, tool format, ...);
   `textenv.training.Settings` extends it, so the demo and the examples take the same options as
@@ -11,30 +9,43 @@ by every command whichever class holds the model and LoRA options (`ALIAS_GROUPS
 - `GymArguments`: where Gym episodes come from (the dataset, the env or a TRL environment class, plugins, the
   scheduler's limits).
 - `CommandArguments`: logging and progress bars; `ExampleArguments`: what the example scripts add.
+
+The training defaults of the commands, the demo and the examples (`DEFAULT_TRAINING_STEPS` steps of
+`DEFAULT_BATCH_SIZE` episodes in mini-batches of at most `DEFAULT_MINI_BATCH_SIZE`, `DEFAULT_PPO_EPOCHS` pass) are the demo's, and
+`default_mini_batch_size` gives the mini-batch for any batch size, so that no default pair is one the
+trainers refuse.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from textenv.engine.backends import ENGINES, VLLM_MODES
+from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, ENGINES, VLLM_MODES
 from textenv.logs import LOG_LEVELS
+from textenv.parsing import ALIAS_GROUPS, HelpFormatter, parse_options, with_aliases  # noqa: F401 - re-exported
 
 TOOL_FORMATS = ("tags", "json")
 MIXED_PRECISIONS = ("bf16", "fp16")
 DEFAULT_MAX_NEW_TOKENS = {"tags": 24, "json": 48}  # a JSON call of the calculator is about 34 tokens
-DEFAULT_MAX_TURNS = 3
+DEFAULT_MAX_TURNS = 3  # the commands', the demo's and the examples' (see docs/guides/cli.md for each front end's)
+DEFAULT_BATCH_SIZE = 16  # episodes per training step
+DEFAULT_MINI_BATCH_SIZE = 4  # the largest mini-batch a default gives
+DEFAULT_TRAINING_STEPS = 20
+DEFAULT_PPO_EPOCHS = 1  # optimisation passes over each batch (legacy PPOConfig's 4 apply in Python)
 
-# Spellings of one option across commands: each is rewritten to the one the command's parser knows.
-ALIAS_GROUPS = (
-    ("--model", "--model_name_or_path"),
-    ("--lora", "--use_peft"),
-    ("--lora_rank", "--lora-rank", "--lora_r"),
-    ("--lr", "--learning_rate"),
-)
+
+def default_mini_batch_size(batch_size: int, gradient_accumulation_steps: int = 1) -> int:
+    """The mini-batch size a run gets when none is given: the largest size up to `DEFAULT_MINI_BATCH_SIZE` that
+    splits a batch of `batch_size` episodes into optimizer steps of `gradient_accumulation_steps` whole
+    mini-batches (16 -> 4, 6 -> 3, 2 -> 2); `DEFAULT_MINI_BATCH_SIZE` where none does, for the trainer's
+    message to name the fix."""
+    if batch_size < 1 or gradient_accumulation_steps < 1 or batch_size % gradient_accumulation_steps:
+        return DEFAULT_MINI_BATCH_SIZE
+    per_step = batch_size // gradient_accumulation_steps
+    return max(size for size in range(1, DEFAULT_MINI_BATCH_SIZE + 1) if per_step % size == 0)
+
 
 
 @dataclass
@@ -50,7 +61,9 @@ class EpisodeArguments:
                           "tools, --environment_factory's among them, gets at least what its longest tool call needs)"},
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts; 0 decodes greedily"})
-    generation_batch_size: int = field(default=50, metadata={"help": "episodes generated together"})
+    generation_batch_size: int = field(
+        default=DEFAULT_GENERATION_BATCH_SIZE, metadata={"help": "the most episodes decoded together (finished ones make room for the next)"}
+    )
     mixed_precision: Optional[str] = field(
         default=None, metadata={"help": "'bf16' or 'fp16': rollouts and PPO steps in autocast, weights float32 ('no' or unset: float32)"}
     )
@@ -218,18 +231,45 @@ class GymArguments:
             return task_rows(environment)
         return load_rows(environment.get_eval_dataset() if split == "eval" else environment.get_dataset())
 
+    def prepare(self, split: str = "train") -> list:
+        """Load what these options name, before any model is: the plugins, the TRL environment class and its
+        functions, the rows (`rows`); and check that `--gym_env` and `--context_manager` are registered.
+
+        Returns:
+            The rows.
+
+        Raises:
+            FileNotFoundError: a plugin, module or dataset file that is not there.
+            ValueError: an env or context manager name that is not registered (the message lists those that are),
+                or a dataset or environment that cannot be loaded (the message names the option).
+        """
+        from textenv.gym import load_plugins
+        from textenv.gym.registry import resolve_context_manager, resolve_env
+
+        load_plugins(self.external_plugins)
+        for option, name, resolve in (("--gym_env", self.gym_env, resolve_env), ("--context_manager", self.context_manager, resolve_context_manager)):
+            try:
+                if name:
+                    resolve(None, name)
+            except ValueError as error:
+                raise ValueError(f"{option} {name}: {error}; register it in a plugin file given with --external_plugins FILE.") from error
+        self.trl_arguments()
+        return self.rows(split)
+
     def trl_arguments(self) -> dict[str, Any]:
-        """`GymScheduler`'s `environment_factory`, `tools` and `reward_funcs`, loaded from their options (empty
+        """`GymScheduler`'s `environment_factory`, `tools` and `reward_funcs`, loaded from their options once (empty
         without `--environment_factory`)."""
         if not self.environment_factory:
             return {}
-        from textenv.gym.trl_environments import load_environment_factory, load_functions
+        if not hasattr(self, "_trl_arguments"):
+            from textenv.gym.trl_environments import load_environment_factory, load_functions
 
-        return {
-            "environment_factory": load_environment_factory(self.environment_factory),
-            "tools": load_functions(self.tools, "--tools"),
-            "reward_funcs": load_functions(self.reward_funcs, "--reward_funcs"),
-        }
+            self._trl_arguments = {
+                "environment_factory": load_environment_factory(self.environment_factory),
+                "tools": load_functions(self.tools, "--tools"),
+                "reward_funcs": load_functions(self.reward_funcs, "--reward_funcs"),
+            }
+        return self._trl_arguments
 
     def scheduler(self, model, tokenizer, episode: EpisodeArguments):
         """The `GymScheduler` these options and `episode`'s describe (`max_turns` 0: no limit)."""
@@ -299,10 +339,6 @@ class CommandArguments:
             raise ValueError(f"--log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}.")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The description as written, each option's default after its help."""
-
-
 @dataclass
 class ExampleArguments:
     """What the example scripts add to the training `Settings`."""
@@ -310,53 +346,3 @@ class ExampleArguments:
     log_dir: str = field(default="runs", metadata={"help": "tensorboard logging_dir"})
     save_dir: Optional[str] = field(default=None, metadata={"help": "save the trained model (adapters + value head) here"})
     show: int = field(default=2, metadata={"help": "evaluation episodes to print with show_text"})
-
-
-def with_aliases(argv: Sequence[str], known: set[str]) -> list[str]:
-    """`argv` with each spelling of `ALIAS_GROUPS` the parser does not know replaced by the one it knows
-    (``--model=x`` too)."""
-    replaced = []
-    for argument in argv:
-        name, sep, value = argument.partition("=")
-        group = next((group for group in ALIAS_GROUPS if name in group), ())
-        if name in known or not group:
-            replaced.append(argument)
-            continue
-        target = next((spelling for spelling in group if spelling in known), name)
-        replaced.append(target + sep + value)
-    return replaced
-
-
-def parse_options(
-    classes: Sequence[type],
-    argv: Optional[Sequence[str]] = None,
-    prog: Optional[str] = None,
-    description: Optional[str] = None,
-    defaults: Optional[dict[str, Any]] = None,
-) -> tuple:
-    """Parse the command line (and its ``--config`` YAML file) into one instance of each dataclass.
-
-    Args:
-        classes (`Sequence[type]`): the option dataclasses, e.g. ``(PPOConfig, EpisodeArguments, ModelConfig)``.
-        argv (`Sequence[str]`, *optional*): the arguments (default: ``sys.argv[1:]``).
-        prog (`str`, *optional*): the command's name in messages.
-        description (`str`, *optional*): shown by ``--help``.
-        defaults (`dict`, *optional*): the command's own defaults, by field name (the file and the command
-            line override them).
-
-    Returns:
-        One instance per class, in the order of `classes`.
-
-    Raises:
-        ValueError: an option's value is refused by its class (the message names the option).
-    """
-    import sys
-
-    from trl import TrlParser
-
-    parser = TrlParser(classes, prog=prog, description=description, formatter_class=HelpFormatter)
-    if defaults:
-        parser.set_defaults(**defaults)
-    known = set(parser._option_string_actions)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return tuple(parser.parse_args_and_config(with_aliases(argv, known)))

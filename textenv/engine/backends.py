@@ -9,6 +9,8 @@ IN_PROCESS = "textenv"
 VLLM = "vllm"
 ENGINES = (IN_PROCESS, VLLM)
 VLLM_MODES = ("server", "colocate")
+# The most episodes decoded together, on either backend and through every front end (finished ones make room).
+DEFAULT_GENERATION_BATCH_SIZE = 32
 # `vllm_kwargs` keys and where they go.
 CLIENT_KWARGS = ("request_timeout", "max_retries", "retry_pause")
 ENGINE_KWARGS = ("sync_weights", "weights_dir", "check_model")

@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.asyncio_bridge import run_sync
+from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
 from textenv.engine.decoding import ContinuousDecoder, DecodeRequest
 from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
 from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
@@ -77,7 +78,7 @@ class GenerationEngine:
         generation_kwargs (`dict`, *optional*): generation settings for every call (`do_sample`, `top_k`,
             `max_new_tokens`, ...), as for `model.generate`. The dict is read, never modified. Without
             `max_new_tokens` or `max_length`, `max_new_tokens=32` is used.
-        batch_size (`int`, defaults to 16): the most rows decoded at the same time (finished rows make
+        batch_size (`int`, defaults to 32): the most rows decoded at the same time (finished rows make
             room for waiting ones).
         reuse_cache (`bool`, defaults to `True`): reuse cached prefixes (an episode's previous turns, a
             shared prompt). The cache is dropped automatically when the model's weights change. `False`
@@ -93,7 +94,7 @@ class GenerationEngine:
         model,
         tokenizer,
         generation_kwargs: dict | None = None,
-        batch_size: int = 16,
+        batch_size: int = DEFAULT_GENERATION_BATCH_SIZE,
         reuse_cache: bool = True,
         mixed_precision: str | None = None,
     ):

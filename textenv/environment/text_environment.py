@@ -27,7 +27,7 @@ from textenv.environment.syntax import (
     parse_tool_call,
 )
 from textenv.checks import check_positive_int, check_prompt, check_queries, resolve_max_tool_response
-from textenv.engine.backends import build_engine
+from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, build_engine
 from textenv.engine.engine import model_device, unwrap_model
 from textenv.engine.fast_path import DecodingPath
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
@@ -106,7 +106,7 @@ class TextEnvironment(EndingAndRewards):
         generation_kwargs: dict | None = None,
         *,
         max_tool_response: int | None = None,
-        batch_size: int = 32,
+        batch_size: int = DEFAULT_GENERATION_BATCH_SIZE,
         tool_timeout: float | None = None,
         turn_order: str | None = None,
         mixed_precision: str | None = None,

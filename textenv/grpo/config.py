@@ -4,7 +4,7 @@ the same thing, and `GRPOArguments`, its algorithm fields as command-line option
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from textenv import off_policy
 from textenv.ppo.config import _script_name
@@ -85,6 +85,12 @@ class AlgorithmArguments(GRPOArguments):
         if self.max_staleness < 0:
             raise ValueError(f"--max_staleness must be >= 0 (0: episodes played in step), got {self.max_staleness}.")
         self.check_grpo_arguments()
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raise ``ValueError`` naming both options when GRPO's groups do not fill a batch of `batch_size`."""
+        if self.algorithm == "grpo" and batch_size % self.num_generations:
+            raise ValueError(f"--batch_size ({batch_size}) must be a multiple of --num_generations ({self.num_generations}) with "
+                             "--algorithm grpo: a step trains on whole groups.")
 
     def grpo_arguments(self) -> dict[str, Any]:
         """The `GRPOArguments` fields of these options, for `GRPOConfig(**...)`."""
@@ -197,16 +203,24 @@ class GRPOConfig(GRPOArguments):
         return asdict(self)
 
     @classmethod
-    def from_ppo_config(cls, ppo_config, grpo_arguments: dict[str, Any], temperature: float = 1.0) -> "GRPOConfig":
+    def from_ppo_config(cls, ppo_config, grpo_arguments: dict[str, Any], temperature: float = 1.0,
+                        off_policy_given: Iterable[str] = ("vllm_importance_sampling_correction",)) -> "GRPOConfig":
         """The GRPO configuration of a run whose shared settings (seed, learning rate, batch sizes, steps, tracking,
-        accelerator, the off-policy correction) are in a `PPOConfig`, as `textenv train` parses them (so the
-        correction's defaults there are PPO's: ``"token_truncate"``, clip max 2.0). Gradients are clipped to the PPO
-        config's `max_grad_norm` when it sets one, else to GRPO's default 1.0 (legacy PPO's default is no
-        clipping). `temperature`: the episodes' sampling temperature (0, greedy, counts as 1)."""
+        accelerator) are in a `PPOConfig`, as `textenv train`, the demo and the examples hold them.
+
+        Of the off-policy correction's settings only those in `off_policy_given` (the ones the user gave; by default
+        only whether to correct) are taken from `ppo_config`; the others keep GRPO's defaults (``"sequence_mask"``,
+        clip max 3.0, TRL's), so GRPO corrects the same way however it is built (PPO's defaults are
+        ``"token_truncate"`` at 2.0). Gradients are clipped to the PPO config's `max_grad_norm` when it sets one,
+        else to GRPO's default 1.0 (legacy PPO's default is no clipping). `temperature`: the episodes' sampling
+        temperature (0, greedy, counts as 1)."""
         shared = ("exp_name", "seed", "learning_rate", "batch_size", "mini_batch_size", "steps", "log_with",
                   "tracker_kwargs", "accelerator_kwargs", "project_kwargs", "gradient_checkpointing", "tracker_project_name",
-                  "share_prompt_prefix") + OFF_POLICY_SETTINGS
-        values = {name: getattr(ppo_config, name) for name in shared}
+                  "share_prompt_prefix")
+        given = set(off_policy_given)
+        if "vllm_importance_sampling_cap" in given:  # PPOConfig's older name of the upper clip
+            given.add("vllm_importance_sampling_clip_max")
+        values = {name: getattr(ppo_config, name) for name in (*shared, *given.intersection(OFF_POLICY_SETTINGS))}
         if ppo_config.max_grad_norm is not None:
             values["max_grad_norm"] = ppo_config.max_grad_norm
         return cls(**values, **grpo_arguments, temperature=temperature if temperature > 0 else 1.0)

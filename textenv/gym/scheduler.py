@@ -20,7 +20,7 @@ from textenv.chat.renderer import ChatRenderer
 from textenv.chat.tool_chat import ChatTools
 from textenv.chat.transcript import check_loss_scale
 from textenv.checks import check_positive_int
-from textenv.engine.backends import build_engine
+from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, build_engine
 from textenv.engine.engine import Completion
 from textenv.engine.fast_path import DecodingPath
 from textenv.engine.precision import autocast_dtype
@@ -75,7 +75,7 @@ class GymScheduler:
             (ms-swift's server-mode default); `"default"` or `"all"` train every reply generated in the
             context it is trained in. Observations and template tokens are never trained.
         generation_kwargs (`dict`, *optional*): for `model.generate` (`max_new_tokens`, `do_sample`, ...).
-        batch_size (`int`, defaults to 16): most episodes generated together.
+        batch_size (`int`, defaults to 32): most episodes generated together.
         max_concurrency (`int`, defaults to 64): most episodes alive at once.
         step_timeout (`float`, *optional*, defaults to 60): seconds each `reset`, `step` and `close` may
             take; `None` for no limit.
@@ -133,7 +133,7 @@ class GymScheduler:
         max_turns: Optional[int] = None,
         loss_scale: str = "last_round",
         generation_kwargs: Optional[dict] = None,
-        batch_size: int = 16,
+        batch_size: int = DEFAULT_GENERATION_BATCH_SIZE,
         max_concurrency: int = 64,
         step_timeout: Optional[float] = 60.0,
         max_length: Optional[int] = None,

@@ -14,8 +14,15 @@ from textenv.options import EpisodeArguments
 def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -> TextEnvironment:
     """The calculator `TextEnvironment`: the 2-shot prompt, the `Calculator` tool and the exact-match
     reward, sampling at `settings.temperature` with `settings.max_new_tokens` per turn and `settings.max_turns`
-    turns (in `settings.mixed_precision`). With `settings.tool_format="json"` the same two examples are
+    turns (in `settings.mixed_precision`).
+
+    Raises:
+        ValueError: ``max_turns`` 0, which means no limit for Gym episodes (their env ends them) but would play no
+            turn here (legacy `TextEnvironment`'s meaning). With `settings.tool_format="json"` the same two examples are
     chat messages with JSON tool calls, and the reward wants a final reply `Result=N`."""
+    if settings.max_turns == 0:
+        raise ValueError("--max_turns 0 (no limit) is for Gym and verifiers episodes, which their env ends; the calculator task needs "
+                         "a limit (its TextEnvironment would play no turn): give --max_turns N, e.g. 3.")
     json_calls = settings.tool_format == "json"
     return TextEnvironment(
         model,

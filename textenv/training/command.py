@@ -1,23 +1,35 @@
-"""`textenv train`: one training command for TextEnvironment tasks and Gym datasets, parsed the TRL way.
+"""`textenv train`: one training command for TextEnvironment tasks, Gym datasets and verifiers environments, with
+PPO or GRPO, parsed the TRL way.
 
-Options are dataclasses read by TRL's `TrlParser` through `textenv.options.parse_options`: `PPOConfig` (the
+Options are dataclasses read by TRL's `TrlParser` through `textenv.parsing.OptionParser`: `PPOConfig` (the
 PPO settings; with ``--algorithm grpo`` its seed, steps, batch sizes, learning rate, gradient clipping and
-tracking are GRPO's too), `AlgorithmArguments` (``--algorithm ppo|grpo`` and GRPO's settings), `EpisodeArguments` (how episodes are played, shared with `textenv rollout`, the demo and the
-examples), `GymArguments` (the dataset and env of ``--task gym``), `RunArguments` (the task, checkpoints,
-tracker, hub), TRL's `ModelConfig` (the model, its dtype and the LoRA flags, turned into adapters by TRL's
-`get_peft_config`) and `CommandArguments` (logging). ``--config run.yaml`` reads any of them from a file;
-command-line values override the file. Every option takes both spellings, ``--max_turns`` and ``--max-turns``.
+tracking are GRPO's too), `AlgorithmArguments` (``--algorithm ppo|grpo``, GRPO's settings, ``--max_staleness``),
+`EpisodeArguments` (how episodes are played, shared with `textenv rollout`, the demo and the examples),
+`GymArguments` (the dataset, env, TRL environment class or verifiers environment of ``--task gym|verifiers``),
+`RunArguments` (the task, the run's length, checkpoints, tracker, hub), TRL's `ModelConfig` (the model, its
+dtype and the LoRA flags, turned into adapters by TRL's `get_peft_config`) and `CommandArguments` (logging).
+``--config run.yaml`` reads any of them from a file; command-line values override the file. Every option takes
+both spellings, ``--max_turns`` and ``--max-turns``.
 
-    textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --lora_layers 8 --steps 320 --batch_size 16
-    textenv train --task gym --dataset rows.jsonl --gym_env tool_env --report_to tensorboard --save_steps 5
-    textenv train --task gym --dataset rows.jsonl --environment_factory my_env.py:MyEnv --reward_funcs my_env.py:reward
-    textenv train --config run.yaml --learning_rate 1e-5
-    textenv train --task calculator --algorithm grpo --num_generations 8 --batch_size 16 --learning_rate 2e-5
+Tasks: calculator (TextEnvironment with the Calculator tool), gym (rows of --dataset played by a Gym env or a TRL
+environment class), verifiers (a verifiers environment, --env_id). Algorithms: ppo (the default), grpo.
+The run's shape defaults to the demo's: 20 steps of 16 episodes, in mini-batches of at most 4 (the largest of 4,
+3, 2, 1 that divides the batch), one PPO epoch; legacy `PPOConfig`'s (128 episodes, 20000 of them, 4 epochs) apply
+in Python only. The learning rate and the KL control stay legacy `PPOConfig`'s (for all weights; the demo trains
+LoRA adapters at 2e-4).
+
+    textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --lora_layers 8 --ppo_steps 20 --batch_size 16
+    textenv train --task calculator --algorithm grpo --num_generations 8 --batch_size 16 --learning_rate 2e-4
+    textenv train --task gym --dataset examples/data/guess_number.jsonl --external_plugins examples/gym_plugin.py \\
+        --gym_env guess_number --max_turns 4 --max_new_tokens 8 --loss_scale default
+    textenv train --task gym --dataset examples/data/counter.jsonl --environment_factory examples/counter_env.py:CounterEnv \\
+        --algorithm grpo --num_generations 8
+    PYTHONPATH=examples/verifiers textenv train --task verifiers --env_id arithmetic --algorithm grpo --num_generations 8
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +38,9 @@ from typing import Any, Optional, Sequence
 from accelerate.utils import gather_object
 
 from textenv.logs import setup_logging
-from textenv.options import CommandArguments, EpisodeArguments, GymArguments, parse_options
+from textenv.options import (DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, CommandArguments, EpisodeArguments,
+                             GymArguments, default_mini_batch_size)
+from textenv.parsing import OptionParser, settings_phase
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +51,15 @@ TASKS = ("calculator", "gym", "verifiers")
 class RunArguments:
     """The run: which task and where it goes (episodes, data, model and PPO settings have their own classes)."""
 
-    task: str = field(default="calculator", metadata={"help": "'calculator' (TextEnvironment with the Calculator tool) or 'gym' (rows of --dataset)"})
+    task: str = field(
+        default="calculator",
+        metadata={"help": "calculator (TextEnvironment with the Calculator tool), gym (rows of --dataset played by --gym_env or "
+                          "--environment_factory) or verifiers (the verifiers environment --env_id)"},
+    )
     ppo_steps: Optional[int] = field(
-        default=None, metadata={"help": "PPO steps, as in the demo and the examples (sets --steps, legacy PPOConfig's count of training samples, to ppo_steps x batch_size)"}
+        default=None,
+        metadata={"help": f"training steps, PPO or GRPO, as in the demo and the examples (default {DEFAULT_TRAINING_STEPS}, unless --steps, "
+                          "legacy PPOConfig's count of training episodes, is given: then steps / batch_size)"},
     )
     output_dir: str = field(
         default="outputs/train", metadata={"help": "checkpoints, logs, episodes.jsonl and steps.jsonl (textenv view), completions.jsonl and the final model"}
@@ -71,26 +91,30 @@ class TrainOptions:
     run: RunArguments
     model: Any
     command: CommandArguments
+    given: frozenset = frozenset()  # the option names given on the command line or in --config
+    grpo: Any = None  # the GRPOConfig of --algorithm grpo, built from the options above
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
-    """The options of the command line (and its ``--config`` file).
+    """The options of the command line (and its ``--config`` file), checked together; nothing is loaded.
 
     Raises:
-        ValueError: an unknown task or tracker, a gym task without a dataset, or a value an option class refuses.
+        ValueError: an unknown option, task or tracker, a gym task without a dataset, or values that do not go
+            together (each message names the options and the fix).
     """
     from trl import ModelConfig
 
-    from textenv.grpo import AlgorithmArguments
+    from textenv.grpo import AlgorithmArguments, GRPOConfig
+    from textenv.grpo.config import OFF_POLICY_SETTINGS
     from textenv.ppo import PPOConfig
 
     classes = (PPOConfig, AlgorithmArguments, EpisodeArguments, GymArguments, RunArguments, ModelConfig, CommandArguments)
-    options = TrainOptions(*parse_options(classes, argv, prog="textenv train", description=__doc__, defaults={"loss_scale": "all"}))
+    parser = OptionParser(classes, prog="textenv train", description=__doc__, derive=_run_length_and_mini_batch,
+                          defaults={"loss_scale": "all", "batch_size": DEFAULT_BATCH_SIZE, "ppo_epochs": DEFAULT_PPO_EPOCHS})
+    options = TrainOptions(*parser.parse(argv), given=parser.given)
     run = options.run
-    if run.ppo_steps is not None:
-        options.ppo = dataclasses.replace(options.ppo, steps=run.ppo_steps * options.ppo.batch_size)
     if run.task not in TASKS:
-        raise ValueError(f"--task must be one of {list(TASKS)}, got {run.task!r}.")
+        raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {run.task!r}.")
     if run.task == "gym" and not options.gym.dataset:
         raise ValueError("--task gym needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
     options.gym.check_task(run.task)
@@ -105,22 +129,40 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
         raise ValueError(f"--lora_layers {run.lora_layers} places LoRA adapters: add --use_peft (or --lora), or leave --lora_layers out.")
     if run.lora_layers < 0:
         raise ValueError(f"--lora_layers must be >= 0 (0: every layer), got {run.lora_layers}.")
-    if options.algorithm.algorithm == "grpo" and options.ppo.batch_size % options.algorithm.num_generations:
-        raise ValueError(
-            f"--batch_size ({options.ppo.batch_size}) must be a multiple of --num_generations ({options.algorithm.num_generations}) "
-            "with --algorithm grpo: a step trains on whole groups."
-        )
+    options.algorithm.check_batch_size(options.ppo.batch_size)
+    if options.algorithm.algorithm == "grpo":
+        given = options.given.intersection((*OFF_POLICY_SETTINGS, "vllm_importance_sampling_cap"))
+        options.grpo = GRPOConfig.from_ppo_config(options.ppo, options.algorithm.grpo_arguments(), options.episode.temperature, given)
     return options
 
 
+def _run_length_and_mini_batch(values: argparse.Namespace, given: frozenset) -> None:
+    """The command's defaults that follow from the options given: ``--ppo_steps`` 20 unless ``--steps`` is given
+    (``--steps`` = ``ppo_steps x batch_size`` otherwise), and a mini-batch that divides the batch."""
+    if {"steps", "ppo_steps"} <= given:
+        raise ValueError("--steps (legacy PPOConfig's count of training episodes) and --ppo_steps (training steps) both set the run's length: give one.")
+    if "steps" not in given:
+        values.steps = (values.ppo_steps or DEFAULT_TRAINING_STEPS) * values.batch_size
+    if not given & {"mini_batch_size", "forward_batch_size"}:
+        values.mini_batch_size = default_mini_batch_size(values.batch_size, values.gradient_accumulation_steps)
+
+
 def build(options: TrainOptions):
-    """The trainer and the episode source of a run."""
+    """The trainer and the episode source of a run. What the options name is loaded first (plugins, rows,
+    environment classes), then the policy.
+
+    Raises:
+        FileNotFoundError, ValueError: a file, dataset, env or model the options name cannot be loaded (settings
+            errors: the `textenv` console says them in one line).
+    """
     from trl import get_peft_config
 
     from textenv.training.policy import load_policy
-    from textenv.training.settings import build_grpo_trainer, trainer_without_dataset
+    from textenv.grpo import GRPOTrainer
+    from textenv.training.settings import trainer_without_dataset
 
-    grpo = options.algorithm.algorithm == "grpo"
+    rows = options.gym.prepare() if options.run.task != "calculator" else None
+    grpo = options.grpo is not None
     policy, tokenizer = load_policy(
         options.model.model_name_or_path or "bundled",
         device=options.episode.device,
@@ -131,13 +173,13 @@ def build(options: TrainOptions):
         seed=options.ppo.seed,
     )
     if grpo:
-        trainer = build_grpo_trainer(options.ppo, options.algorithm, policy, tokenizer, options.episode.temperature)
+        trainer = GRPOTrainer(options.grpo, policy, tokenizer=tokenizer)
     else:
         trainer = trainer_without_dataset(options.ppo, policy, tokenizer)
-    return trainer, _episode_source(trainer, tokenizer, options)
+    return trainer, _episode_source(trainer, tokenizer, options, rows)
 
 
-def _episode_source(trainer, tokenizer, options: TrainOptions):
+def _episode_source(trainer, tokenizer, options: TrainOptions, rows: Optional[list]):
     accelerator = trainer.accelerator
     episode, batch_size = options.episode, options.ppo.batch_size
     if options.run.task == "calculator":
@@ -148,11 +190,10 @@ def _episode_source(trainer, tokenizer, options: TrainOptions):
         # Every process draws its own tasks (its own stream), so the ranks train on different episodes.
         seed = options.ppo.seed + accelerator.process_index
         return TextEnvironmentSource(env, calculator_task_batches(batch_size, seed, plain=episode.tool_format == "json"))
-    from textenv.gym import GymSource, load_plugins
+    from textenv.gym import GymSource
 
-    load_plugins(options.gym.external_plugins)
     scheduler = options.gym.scheduler(trainer.model, tokenizer, episode)
-    rows = options.gym.rows()[accelerator.process_index :: accelerator.num_processes]  # each process its share
+    rows = rows[accelerator.process_index :: accelerator.num_processes]  # each process its share
     completions = Path(options.run.output_dir) / "completions.jsonl" if accelerator.is_main_process else None
     return GymSource(scheduler, rows, batch_size, completions_path=completions)
 
@@ -264,14 +305,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
     from textenv.training.loop import train
 
-    options = parse(argv)
-    run = options.run
-    setup_logging(options.command.log_level)
-    trainer, episodes = build(options)
-    warn_if_fsdp_ignored(trainer.accelerator)
-    output_dir = Path(run.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
+    with settings_phase():
+        options = parse(argv)
+        run = options.run
+        setup_logging(options.command.log_level)
+        trainer, episodes = build(options)
+        warn_if_fsdp_ignored(trainer.accelerator)
+        output_dir = Path(run.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
 
     def on_step(log) -> None:
         synced = "" if log.weight_sync_seconds is None else f" weight_sync={log.weight_sync_seconds:.2f}s"

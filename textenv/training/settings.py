@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from textenv.grpo.config import AlgorithmArguments, GRPOConfig
-from textenv.options import EpisodeArguments
+from textenv.options import DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, EpisodeArguments, default_mini_batch_size
 from textenv.training.policy import load_policy
 
 
@@ -33,10 +33,12 @@ class Settings(EpisodeArguments, AlgorithmArguments):
     model: str = field(default="bundled", metadata={"help": "'bundled' (SmolLM2-135M-Instruct), 'tiny' (random, for smoke tests) or a folder / hub id"})
     threads: int = field(default=2, metadata={"help": "torch CPU threads (0: torch's default)"})
     seed: int = field(default=0, metadata={"help": "seed of torch, of the training tasks and of the PPO trainer"})
-    ppo_steps: int = field(default=20, metadata={"help": "training steps (each on batch_size episodes), PPO or GRPO"})
-    batch_size: int = field(default=16, metadata={"help": "episodes per training step (GRPO: a multiple of num_generations)"})
-    mini_batch_size: int = field(default=4, metadata={"help": "episodes per mini-batch (forward + backward)"})
-    ppo_epochs: int = field(default=1, metadata={"help": "PPO: optimisation passes over each batch (GRPO: num_iterations)"})
+    ppo_steps: int = field(default=DEFAULT_TRAINING_STEPS, metadata={"help": "training steps (each on batch_size episodes), PPO or GRPO"})
+    batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "episodes per training step (GRPO: a multiple of num_generations)"})
+    mini_batch_size: Optional[int] = field(
+        default=None, metadata={"help": "episodes per mini-batch (forward + backward); default: the largest of 4, 3, 2, 1 that divides batch_size"}
+    )
+    ppo_epochs: int = field(default=DEFAULT_PPO_EPOCHS, metadata={"help": "PPO: optimisation passes over each batch (GRPO: num_iterations)"})
     learning_rate: float = field(default=2e-4, metadata={"help": "Adam learning rate"})
     init_kl_coef: float = field(default=0.02, metadata={"help": "initial weight of the KL penalty to the reference policy"})
     adap_kl_ctrl: bool = field(default=True, metadata={"help": "adapt the KL weight towards kl_target"})
@@ -52,12 +54,16 @@ class Settings(EpisodeArguments, AlgorithmArguments):
     vllm_importance_sampling_correction: bool = field(
         default=False,
         metadata={"help": "weight each trained token by the trainer's over the sampler's probability (vLLM's log-probabilities; "
-                          "PPO: token_truncate at 2, GRPO: the same, see textenv.off_policy); for --engine vllm, with --max_staleness"},
+                          "PPO: token_truncate at 2, GRPO: sequence_mask at 3, as GRPOConfig and TRL; see textenv.off_policy); for --engine vllm, "
+                          "with --max_staleness"},
     )
 
     def __post_init__(self) -> None:
         EpisodeArguments.__post_init__(self)
         AlgorithmArguments.__post_init__(self)
+        if self.mini_batch_size is None:
+            self.mini_batch_size = default_mini_batch_size(self.batch_size)
+        self.check_batch_size(self.batch_size)
 
 
 def algorithm_summary(settings: Settings) -> str:
@@ -129,16 +135,10 @@ def build_trainer(model, tokenizer, settings: Settings, log_dir: str | None = No
         vllm_importance_sampling_correction=settings.vllm_importance_sampling_correction,
     )
     if settings.algorithm == "grpo":
-        return build_grpo_trainer(config, settings, model, tokenizer, settings.temperature)
+        from textenv.grpo import GRPOTrainer
+
+        return GRPOTrainer(GRPOConfig.from_ppo_config(config, settings.grpo_arguments(), settings.temperature), model, tokenizer=tokenizer)
     return trainer_without_dataset(config, model, tokenizer)
-
-
-def build_grpo_trainer(ppo_config, algorithm: AlgorithmArguments, model, tokenizer, temperature: float):
-    """A `GRPOTrainer` whose shared settings are `ppo_config`'s and GRPO settings `algorithm`'s (see
-    `GRPOConfig.from_ppo_config`); `temperature` is the episodes' sampling temperature."""
-    from textenv.grpo import GRPOTrainer
-
-    return GRPOTrainer(GRPOConfig.from_ppo_config(ppo_config, algorithm.grpo_arguments(), temperature), model, tokenizer=tokenizer)
 
 
 def trainer_without_dataset(config, model, tokenizer):

@@ -31,6 +31,7 @@ from typing import Any, Awaitable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.asyncio_bridge import run_sync
+from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
 from textenv.engine.engine import DEFAULT_MAX_NEW_TOKENS, Completion
 from textenv.engine.prefix_cache import parameters_fingerprint
 from textenv.engine.sampling import SamplingSettings
@@ -76,7 +77,7 @@ class VLLMEngine:
     """
 
     def __init__(self, model, tokenizer, clients: Sequence[VLLMServerClient], generation_kwargs: dict | None = None,
-                 batch_size: int = 32, sync_weights: bool = True, weights_dir: str | None = None, check_model: bool = True):
+                 batch_size: int = DEFAULT_GENERATION_BATCH_SIZE, sync_weights: bool = True, weights_dir: str | None = None, check_model: bool = True):
         if not clients:
             raise ValueError("The vLLM backend needs at least one server: pass vllm_server_url='http://HOST:PORT'.")
         self.model = model
