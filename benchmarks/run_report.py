@@ -71,8 +71,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
         precision += f"; the vLLM server in {raw['vllm']['dtype']}"
     parts = [
         f"Command: `{command_line(raw, args)}` — {repeats} run(s) per side, medians; {precision}; CPU only, torch.set_num_threads({threads}) on "
-        f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. No GPU figures: "
-        "no GPU was available for these measurements.",
+        f"both sides; {platform.processor() or platform.machine()}, {os.cpu_count()} cores. These are CPU "
+        "figures: this run used no GPU.",
         "",
     ]
     ceiling = raw.get("ceiling")
