@@ -8,7 +8,7 @@ an exact result and 0 otherwise. Each PPO step plays `--batch-size` episodes wit
 The defaults are small enough for a CPU (the bundled SmolLM2-135M-Instruct with LoRA adapters); for a
 GPU-size run, e.g.:
 
-    python examples/calculator.py --device cuda --steps 100 --batch_size 128 --mini_batch_size 32 \\
+    python examples/calculator.py --device cuda --ppo_steps 100 --batch_size 128 --mini_batch_size 32 \\
         --generation_batch_size 128 --threads 0
 
 Statistics go to tensorboard (`tensorboard --logdir runs/calculator`).

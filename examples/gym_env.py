@@ -1,7 +1,7 @@
 """Teach a language model a multi-turn game with PPO through the Gym interface: guess the number.
 
 The env (`guess_number`, from the plugin file `examples/gym_plugin.py`, loaded with the same options as
-``textenv train --task gym``) thinks of a number from 1 to 10 and answers every guess with "Higher." or
+the gym task of ``textenv train``) thinks of a number from 1 to 10 and answers every guess with "Higher." or
 "Lower."; the model has `--max_turns` (4) guesses. The rewards come from the env's `step`: 1.0 for the hit,
 0.2 for a miss the hints still allow. The bundled SmolLM2-135M-Instruct starts by chatting about the game
 instead of guessing (it wins 7% of the games sampled, 0% greedy); PPO on every reply of 16 games per step
@@ -11,9 +11,9 @@ The example measures the games it wins on a fixed set of held-out games (seeded 
 as training) before and after training, sampled at temperature 1 and greedy, and writes its run directory
 (`--output_dir`, default `outputs/gym_env`: episodes.jsonl, steps.jsonl, completions.jsonl; see it with
 ``textenv view outputs/gym_env``). A smoke test: ``--model tiny --ppo_steps 1 --batch_size 2 --eval_tasks 2``.
-The same training from the command line, on rows like ``{"secret": 7}``:
+The same training from the command line, on rows like ``{"secret": 7}`` (``examples/data/guess_number.jsonl``):
 
-    textenv train --task gym --dataset games.jsonl --external_plugins examples/gym_plugin.py \\
+    textenv train --task gym --dataset examples/data/guess_number.jsonl --external_plugins examples/gym_plugin.py \\
         --gym_env guess_number --max_turns 4 --max_new_tokens 8 --loss_scale default
 """
 

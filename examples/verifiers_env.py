@@ -15,7 +15,8 @@ import path). A smoke test: ``--model tiny --ppo_steps 1 --batch_size 4 --num_ge
 from the command line:
 
     PYTHONPATH=examples/verifiers textenv train --task verifiers --env_id arithmetic \\
-        --env_args '{"num_train_examples": 1024}' --algorithm grpo --num_generations 8 --learning_rate 3e-4 --max_new_tokens 48
+        --env_args '{"num_train_examples": 1024}' --algorithm grpo --num_generations 8 --use_peft --lora_r 16 --lora_layers 8 \\
+        --learning_rate 3e-4 --max_new_tokens 48 --ppo_steps 40
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A ```python block runs (the blocks of one page in order, in one fresh process) unless the line before it is
 ``<!-- docs-test: skip: REASON -->`` (it needs a GPU, servers or a long run: only compiled and its imports
-resolved) or ``<!-- example: NAME -->`` (run by the test module that names that marker). A ```bash block's
-`textenv COMMAND --option ...` lines are checked against the command's `--help`.
+resolved) or ``<!-- example: NAME -->`` (run by the test module that names that marker). The command lines of
+the pages are tests/docs_commands.py's.
 """
 
 from __future__ import annotations
@@ -55,17 +55,3 @@ def example_source(page: str, marker: str) -> str:
     blocks = [block for block in python_blocks(ROOT / "docs" / page) if f"<!-- {block.marker} -->" == marker]
     assert blocks, f"docs/{page} has no python block right after {marker}"
     return blocks[0].source
-
-
-def textenv_command_lines(page: Path) -> list[tuple[Block, list[str]]]:
-    """The `textenv COMMAND ...` lines of the page's bash blocks (continuation lines joined, comments cut), as
-    argument lists after `textenv`."""
-    lines = []
-    for block in page_blocks(page):
-        if block.language != "bash":
-            continue
-        for command in block.source.replace("\\\n", " ").splitlines():
-            command = command.split(" #", 1)[0].strip()
-            if command.startswith("textenv "):
-                lines.append((block, command.split()[1:]))
-    return lines

@@ -31,6 +31,10 @@ VERSION_INDEPENDENT = {
     "test_docs_site.py": "the documentation site's build (mkdocs, the docs extra, installed in .venv only) and its API reference",
     "test_docs_examples.py": ("the README's and the guides' examples: end-to-end runs through the front ends and trainers, "
                               "whose own test modules run in both halves"),
+    "test_docs_commands.py": ("every documented command line parsed by its command's parser, and one line per command and task run "
+                              "for a step: the commands, front ends and trainers, whose own test modules run in both halves; the "
+                              "verifiers lines need verifiers, installed in .venv only"),
+    "test_docs_figures.py": "the pages' figures against the benchmark records they repeat: Markdown read as text",
     "test_ci_parts.py": "make test's scheduler script (.ci/test-parts) with a stand-in for make",
     "test_hardware.py": "CPU facts and dtype choices",
     "test_view.py": "the `textenv view` page built from episode records",

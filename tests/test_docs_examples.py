@@ -1,19 +1,18 @@
 """Every example of the README and the documentation site runs: the python blocks of each page in a fresh
 process (in order, as a reader would paste them), blocks marked as needing a GPU or servers compiled with their
-imports resolved, blocks owned by another test named in it, and every `textenv` command line's options known
-to that command (see tests/docs_blocks.py for the markers)."""
+imports resolved, blocks owned by another test named in it (see tests/docs_blocks.py for the markers). The
+command lines are tests/test_docs_commands.py's."""
 
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import subprocess
 import sys
 
 import pytest
 
-from tests.docs_blocks import PAGES, ROOT, python_blocks, textenv_command_lines
+from tests.docs_blocks import PAGES, ROOT, python_blocks
 
 RUN_TIMEOUT_S = 900
 
@@ -58,23 +57,3 @@ def test_a_block_marked_as_an_example_is_run_by_a_test(block):
     marker = f"<!-- {block.marker} -->"
     owners = [path.name for path in (ROOT / "tests").glob("test_*.py") if marker in path.read_text() and path.name != "test_docs_examples.py"]
     assert owners, f"{block.where}: no test module runs the block marked {marker}"
-
-
-@functools.lru_cache(maxsize=None)
-def command_help(command: str) -> str:
-    completed = subprocess.run([sys.executable, "-m", "textenv.cli", command, "--help"], capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, f"textenv {command} --help failed:\n{completed.stderr[-2000:]}"
-    return completed.stdout
-
-
-COMMAND_LINES = [(block, args) for page in PAGES for block, args in textenv_command_lines(page)]
-
-
-@pytest.mark.parametrize("block, args", COMMAND_LINES, ids=[f"{block.where}:{args[0]}" for block, args in COMMAND_LINES])
-def test_a_textenv_command_line_uses_options_the_command_has(block, args):
-    from textenv.cli import SUBCOMMANDS
-
-    command = args[0]
-    assert command in SUBCOMMANDS, f"{block.where}: `textenv {command}` is no textenv command ({', '.join(SUBCOMMANDS)})"
-    unknown = [arg for arg in args[1:] if arg.startswith("--") and arg.split("=", 1)[0] not in command_help(command)]
-    assert not unknown, f"{block.where}: `textenv {command}` has no option {unknown}; see `textenv {command} --help`"
