@@ -19,11 +19,11 @@ in Python only. The learning rate and the KL control stay legacy `PPOConfig`'s (
 LoRA adapters at 2e-4).
 
     textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --lora_layers 8 --ppo_steps 20 --batch_size 16
-    textenv train --task calculator --algorithm grpo --num_generations 8 --batch_size 16 --learning_rate 2e-4
+    textenv train --task calculator --algorithm grpo --num_generations 8 --use_peft --lora_r 16 --learning_rate 2e-4
     textenv train --task gym --dataset examples/data/guess_number.jsonl --external_plugins examples/gym_plugin.py \\
         --gym_env guess_number --max_turns 4 --max_new_tokens 8 --loss_scale default
     textenv train --task gym --dataset examples/data/counter.jsonl --environment_factory examples/counter_env.py:CounterEnv \\
-        --algorithm grpo --num_generations 8
+        --algorithm grpo --num_generations 8 --use_peft --lora_r 16 --learning_rate 2e-4
     PYTHONPATH=examples/verifiers textenv train --task verifiers --env_id arithmetic --algorithm grpo --num_generations 8
 """
 
