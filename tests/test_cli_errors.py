@@ -20,6 +20,7 @@ GYM = ["--dataset", "examples/data/guess_number.jsonl", "--external_plugins", "e
 
 SETTINGS_ERRORS = {
     "train: unknown option": (["train", "--lerning_rate", "1e-5"], "unknown option --lerning_rate (did you mean --learning_rate?)"),
+    "train: an abbreviation": (["train", "--learning", "1e-5"], "unknown option --learning (did you mean --learning_rate?)"),
     "train: bad value": (["train", "--batch_size", "sixteen"], "invalid int value: 'sixteen'"),
     "train: unknown task": (["train", "--task", "chess"], "--task must be one of calculator, gym, verifiers"),
     "train: groups that do not fill the batch": (["train", "--algorithm", "grpo", "--batch_size", "12"], "multiple of --num_generations (8)"),

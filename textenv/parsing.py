@@ -83,6 +83,7 @@ class OptionParser:
         self.parser = _recording_parser(_trl_parser())(classes, prog=prog, description=description,
                                                         formatter_class=HelpFormatter, allow_abbrev=False)
         self.parser.derive = derive
+        self.parser.given = set()
         if defaults:
             self.parser.set_defaults(**defaults)
 
