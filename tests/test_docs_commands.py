@@ -56,6 +56,18 @@ def test_a_documented_command_parses_with_its_values(command):
     check(command)
 
 
+def test_only_the_synopses_of_textenv_help_use_placeholders():
+    import shlex
+
+    from tests.docs_commands import PLACEHOLDERS
+
+    def placeholders(text: str) -> set[str]:
+        return {part for token in shlex.split(text, comments=True) for part in token.strip("[]").split("|") if part in PLACEHOLDERS}
+
+    elsewhere = sorted({str(command) for command in LINES if placeholders(command.text) and command.where.split(" (")[0] != "textenv --help"})
+    assert not elsewhere, f"a documented command a reader types has placeholders (write real values): {elsewhere}"
+
+
 @pytest.mark.parametrize("command", NAMED, ids=lambda command: f"{command.where}:{command.program}")
 def test_a_named_command_exists(command):
     from textenv.cli import SUBCOMMANDS
