@@ -139,8 +139,9 @@ def test_gym_source_replaces_failed_episodes_with_the_next_rows(tokenizer, tiny_
 def test_gym_source_gives_up_after_max_rounds(tokenizer, tiny_model, tmp_path):
     log = tmp_path / "c.jsonl"
     source = GymSource(gym_scheduler(tiny_model, tokenizer), [BROKEN_ROW], 2, completions_path=log, max_rounds=3)
-    with pytest.raises(RuntimeError, match="only 0 of 2 episodes were trainable after 3 rounds"):
+    with pytest.raises(RuntimeError, match="only 0 of 2 episodes were trainable after 3 rounds") as raised:
         source.collect(step=0)
+    assert "The most common error (6 episodes): KeyError at reset: " in str(raised.value)  # the cause, not only the file
     assert len(read_completions(log)) == 6
 
 

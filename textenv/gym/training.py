@@ -4,6 +4,7 @@ success rate on fixed rows (for `textenv.training.measure`)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from pathlib import Path
@@ -92,6 +93,7 @@ class GymSource:
         if self.batch_size % num_generations:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of num_generations ({num_generations}).")
         trainable: List[GymEpisode] = []
+        failures: collections.Counter = collections.Counter()
         for _ in range(self.max_rounds):
             rows = list(itertools.islice(self._rows, (self.batch_size - len(trainable)) // num_generations))
             self.rows_used += len(rows)
@@ -100,12 +102,14 @@ class GymSource:
                 group = episodes[start : start + num_generations]
                 if all(episode.trainable for episode in group):
                     trainable.extend(group)
+            failures.update(f"{error['type']} at {error['stage']}: {error['message']}" for episode in episodes if (error := episode.error))
             if len(trainable) == self.batch_size:
                 return _episode_batch(trainable)
         groups = f" (in whole groups of {num_generations})" if num_generations > 1 else ""
+        common = f" The most common error ({failures.most_common(1)[0][1]} episodes): {failures.most_common(1)[0][0]}." if failures else ""
         raise RuntimeError(
             f"only {len(trainable)} of {self.batch_size} episodes were trainable{groups} after {self.max_rounds} rounds; "
-            "see the errors in completions.jsonl."
+            f"see the errors in completions.jsonl.{common}"
         )
 
 
