@@ -101,8 +101,14 @@ def test_a_turn_cut_inside_a_tool_call_is_counted_and_reported_once(tokenizer, c
     assert [episode.tool_calls_cut for episode in episodes] == [1, 1, 1]
     assert scheduler.stats.tool_calls_cut == 3
     warnings = [record.message for record in caplog.records if "inside a tool call" in record.message]
-    assert len(warnings) == 1 and "max_new_tokens=24" in warnings[0] and "--max_new_tokens" in warnings[0]
+    assert len(warnings) == 1 and "max_new_tokens=24" in warnings[0] and "Raise --max_new_tokens" in warnings[0]
     assert all(completion_record(episode)["tool_calls_cut"] == 1 for episode in episodes)
+    fitted = GymScheduler(None, tokenizer, policy=cut_policy([CUT_CALL]), environment_factory=CounterEnv, max_turns=1, fit_tool_calls=True)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="textenv.gym.play"):
+        fitted.run([ROW])
+    (warning,) = [record.message for record in caplog.records if "inside a tool call" in record.message]
+    assert "fitted to the longest call of the episode's tools" in warning and "Raise --max_new_tokens" not in warning
     records = [episode_record(episode, step=0, phase="train") for episode in episodes]
     assert step_summary(records)["tool_calls_cut"] == 3
     line = json.loads(json.dumps(completion_record(episodes[0])))

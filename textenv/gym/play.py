@@ -123,10 +123,14 @@ class GymPlay(Episode):
         if not self.scheduler.warned_cut_tool_call:
             self.scheduler.warned_cut_tool_call = True
             budget = self.generation_kwargs.get("max_new_tokens")
+            fix = ("The budget was fitted to the longest call of the episode's tools, so the model wrote a longer call than any of "
+                   "them (a tool that does not exist, arguments it does not take): --max_new_tokens N allows longer turns"
+                   if self.scheduler.fit_tool_calls else
+                   "Raise --max_new_tokens (generation_kwargs['max_new_tokens']) to fit the tool calls, or leave it out so that each "
+                   "episode gets what its tools need")
             logger.warning(
                 f"A model turn reached max_new_tokens={budget} inside a tool call: the call could not be read and the env was "
-                "told so. Raise --max_new_tokens (generation_kwargs['max_new_tokens']) to fit the tool calls, or leave it out "
-                "so that each episode gets what its tools need. Such turns are counted (tool_calls_cut); this is said once."
+                f"told so. {fix}. Such turns are counted (tool_calls_cut); this is said once."
             )
 
     def _tool_chat(self) -> tuple:
