@@ -65,6 +65,16 @@ def test_one_run_length_rule():
         parse(["--steps", "40", "--ppo_steps", "5"])
 
 
+def test_train_starts_the_value_head_and_the_adapters_as_the_demo_does():
+    from textenv.training import Settings
+    from textenv.training.policy import LORA_TARGET_MODULES
+
+    train = parse(["--use_peft"])
+    assert train.run.value_head_init_std == Settings().value_head_init_std == 1e-3
+    assert train.model.lora_target_modules == list(LORA_TARGET_MODULES)
+    assert parse(["--use_peft", "--lora_target_modules", "q_proj", "v_proj"]).model.lora_target_modules == ["q_proj", "v_proj"]
+
+
 def test_the_demo_and_the_examples_follow_the_same_mini_batch_rule():
     from textenv.demo import parse as parse_demo
     from textenv.training import Settings

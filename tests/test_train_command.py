@@ -143,6 +143,15 @@ def test_resume_gives_the_same_next_batches_and_stats_as_an_uninterrupted_run(tm
     assert _stats(resumed) == _stats(whole)[1:]
 
 
+def test_a_new_run_into_the_same_folder_sets_the_previous_run_aside(tmp_path):
+    run_command(["train", *TINY, "--output_dir", str(tmp_path)])
+    run_command(["train", *TINY, "--output_dir", str(tmp_path)])
+    (previous,) = (tmp_path / "previous").iterdir()
+    lines = lambda path: path.read_text().splitlines()  # noqa: E731
+    assert len(lines(tmp_path / "steps.jsonl")) == 1 == len(lines(previous / "steps.jsonl"))  # one step each, not two in one file
+    assert {json.loads(line)["run"] for line in lines(tmp_path / "steps.jsonl")} != {json.loads(line)["run"] for line in lines(previous / "steps.jsonl")}
+
+
 def test_resume_latest_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no complete checkpoint-N folder"):
         run_command(["train", *TINY, "--output_dir", str(tmp_path), "--resume_from_checkpoint", "latest"])

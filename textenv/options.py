@@ -34,6 +34,7 @@ DEFAULT_BATCH_SIZE = 16  # episodes per training step
 DEFAULT_MINI_BATCH_SIZE = 4  # the largest mini-batch a default gives
 DEFAULT_TRAINING_STEPS = 20
 DEFAULT_PPO_EPOCHS = 1  # optimisation passes over each batch (legacy PPOConfig's 4 apply in Python)
+DEFAULT_VALUE_HEAD_INIT_STD = 1e-3  # a new value head's weights ~ N(0, this): its first values about 0 (see Settings)
 
 
 def default_mini_batch_size(batch_size: int, gradient_accumulation_steps: int = 1) -> int:

@@ -14,9 +14,10 @@ both spellings, ``--max_turns`` and ``--max-turns``.
 Tasks: calculator (TextEnvironment with the Calculator tool), gym (rows of --dataset played by a Gym env or a TRL
 environment class), verifiers (a verifiers environment, --env_id). Algorithms: ppo (the default), grpo.
 The run's shape defaults to the demo's: 20 steps of 16 episodes, in mini-batches of at most 4 (the largest of 4,
-3, 2, 1 that divides the batch), one PPO epoch; legacy `PPOConfig`'s (128 episodes, 20000 of them, 4 epochs) apply
-in Python only. The learning rate and the KL control stay legacy `PPOConfig`'s (for all weights; the demo trains
-LoRA adapters at 2e-4).
+3, 2, 1 that divides the batch), one PPO epoch, a new value head starting near 0 and, with --use_peft, adapters on
+the seven projections of every decoder layer the demo adapts (q, k, v, o, gate, up, down); legacy `PPOConfig`'s
+(128 episodes, 20000 of them, 4 epochs) apply in Python only. The learning rate and the KL control stay legacy
+`PPOConfig`'s (for all weights; the demo trains LoRA adapters at 2e-4).
 
     textenv train --task calculator --model_name_or_path bundled --use_peft --lora_r 16 --lora_layers 8 --ppo_steps 20 --batch_size 16
     textenv train --task calculator --algorithm grpo --num_generations 8 --use_peft --lora_r 16 --learning_rate 2e-4
@@ -38,8 +39,8 @@ from typing import Any, Optional, Sequence
 from accelerate.utils import gather_object
 
 from textenv.logs import setup_logging
-from textenv.options import (DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, CommandArguments, EpisodeArguments,
-                             GymArguments, default_mini_batch_size)
+from textenv.options import (DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, DEFAULT_VALUE_HEAD_INIT_STD, CommandArguments,
+                             EpisodeArguments, GymArguments, default_mini_batch_size)
 from textenv.parsing import OptionParser, settings_phase
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ class RunArguments:
         default=0,
         metadata={"help": "with --use_peft: the adapters on the top N decoder layers only (peft's layers_to_transform); 0: every "
                           "layer, as TRL. The demo and the examples use 8 (of the bundled model's 30)"},
+    )
+    value_head_init_std: float = field(
+        default=DEFAULT_VALUE_HEAD_INIT_STD,
+        metadata={"help": "PPO: a new value head's weights ~ N(0, this), so its first values are about 0, as in the demo and the examples "
+                          "(0: PyTorch's default initialisation, legacy's, whose values differ by about 1 from token to token)"},
     )
     save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N PPO steps (0: only the final model)"})
     resume_from_checkpoint: Optional[str] = field(
@@ -107,10 +113,12 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
     from textenv.grpo import AlgorithmArguments, GRPOConfig
     from textenv.grpo.config import OFF_POLICY_SETTINGS
     from textenv.ppo import PPOConfig
+    from textenv.training.policy import LORA_TARGET_MODULES
 
     classes = (PPOConfig, AlgorithmArguments, EpisodeArguments, GymArguments, RunArguments, ModelConfig, CommandArguments)
     parser = OptionParser(classes, prog="textenv train", description=__doc__, derive=_run_length_and_mini_batch,
-                          defaults={"loss_scale": "all", "batch_size": DEFAULT_BATCH_SIZE, "ppo_epochs": DEFAULT_PPO_EPOCHS})
+                          defaults={"loss_scale": "all", "batch_size": DEFAULT_BATCH_SIZE, "ppo_epochs": DEFAULT_PPO_EPOCHS,
+                                    "lora_target_modules": list(LORA_TARGET_MODULES)})
     options = TrainOptions(*parser.parse(argv), given=parser.given)
     run = options.run
     if run.task not in TASKS:
@@ -169,6 +177,7 @@ def build(options: TrainOptions):
         value_head=not grpo,
         peft_config=get_peft_config(options.model),
         lora_layers=options.run.lora_layers,
+        value_head_init_std=options.run.value_head_init_std,
         dtype=options.model.dtype,
         seed=options.ppo.seed,
     )
@@ -314,6 +323,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         output_dir = Path(run.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         start_step = resume(trainer, episodes, run) if run.resume_from_checkpoint else 0
+    if not run.resume_from_checkpoint and trainer.accelerator.is_main_process:
+        from textenv.view import set_aside_previous_run
+
+        previous = set_aside_previous_run(output_dir)  # a new run starts its files empty; a resumed one appends
+        if previous is not None:
+            logger.info(f"the previous run's episodes, steps and completions in {output_dir} moved to {previous}")
 
     def on_step(log) -> None:
         synced = "" if log.weight_sync_seconds is None else f" weight_sync={log.weight_sync_seconds:.2f}s"

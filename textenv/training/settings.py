@@ -10,7 +10,8 @@ from typing import Any, Optional
 import torch
 
 from textenv.grpo.config import AlgorithmArguments, GRPOConfig
-from textenv.options import DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, EpisodeArguments, default_mini_batch_size
+from textenv.options import (DEFAULT_BATCH_SIZE, DEFAULT_PPO_EPOCHS, DEFAULT_TRAINING_STEPS, DEFAULT_VALUE_HEAD_INIT_STD, EpisodeArguments,
+                             default_mini_batch_size)
 from textenv.training.policy import load_policy
 
 
@@ -48,7 +49,7 @@ class Settings(EpisodeArguments, AlgorithmArguments):
     lora_layers: int = field(
         default=8, metadata={"help": "adapters on the top N decoder layers only, 0 = all (the backward pass then stops at the lowest one)"}
     )
-    value_head_init_std: float = field(default=1e-3, metadata={"help": "std of the value head's initial weights (0: PyTorch's default init)"})
+    value_head_init_std: float = field(default=DEFAULT_VALUE_HEAD_INIT_STD, metadata={"help": "std of the value head's initial weights (0: PyTorch's default init)"})
     eval_tasks: int = field(default=100, metadata={"help": "size of the held-out task set (0: none)"})
     eval_seed: int = field(default=1234, metadata={"help": "seed of the held-out task set"})
     vllm_importance_sampling_correction: bool = field(
