@@ -11,8 +11,8 @@ by calling the calculator tool (TextEnvironment + PPOTrainer.step, exact-match r
    the reward curve to `outputs/demo/reward_curve.png`.
 
 Every episode (training and held-out, before and after) and every step goes to `outputs/demo/episodes.jsonl`
-and `steps.jsonl` as the demo runs: `textenv view outputs/demo` shows them. A new demo run moves the files of
-the previous one to `outputs/demo/previous/<time>/`.
+and `steps.jsonl` as the demo runs: `textenv view outputs/demo` shows them. A new demo run moves those two files of
+the previous one to `outputs/demo/previous/<time>/` (the reward curve is drawn anew).
 
 Training runs a fixed number of steps, but stops early when the next step would not leave time for the final
 evaluation within `--budget_minutes` (20 by default, 45 with `--tool_format json`, whose longer chat
