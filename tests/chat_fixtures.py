@@ -1,5 +1,7 @@
 """Chat-template fixtures for tests: the bundled SmolLM2 tokenizer dressed up with another model family's
-chat template (from ``tests/fixtures/chat_templates/``) and, where that family has them, its special tokens."""
+chat template and, where that family has them, its special tokens. The hand-written templates are in
+``tests/fixtures/chat_templates/``; the real ones, vendored from TRL and the model makers with their sources,
+in ``tests/fixtures/chat_templates/real/`` (`real_template_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 
 TEMPLATE_DIR = Path(__file__).parent / "fixtures" / "chat_templates"
 FIXTURE_TEMPLATES = ("hermes_qwen", "llama3", "mistral", "qwen3_thinking")
+REAL_TEMPLATE_DIR = TEMPLATE_DIR / "real"
+REAL_TEMPLATES = tuple(sorted(path.stem for path in REAL_TEMPLATE_DIR.glob("*.jinja")))
 
 # Per fixture: the tokens added as special tokens and the eos/bos the template is rendered with.
 FIXTURE_SPECIAL_TOKENS: dict[str, dict[str, object]] = {
@@ -70,4 +74,36 @@ def fixture_tokenizer(name: str):
     tokenizer.chat_template = template
     if name in FIXTURE_SPECIAL_TOKENS:
         tokenizer.add_special_tokens(copy.deepcopy(FIXTURE_SPECIAL_TOKENS[name]))
+    return tokenizer
+
+
+def real_template(name: str) -> str:
+    """The text of the vendored real template `name` (one of `REAL_TEMPLATES`), byte for byte (a CRLF file
+    keeps its line endings)."""
+    if name not in REAL_TEMPLATES:
+        raise ValueError(f"unknown real chat template {name!r}; one of {REAL_TEMPLATES}")
+    return (REAL_TEMPLATE_DIR / f"{name}.jinja").read_bytes().decode("utf-8")
+
+
+def real_template_tokenizer(name: str, family=None):
+    """A copy of the bundled SmolLM2 tokenizer wearing the real template `name`, with its family's special tokens
+    added (`textenv.chat.families.Family.special_tokens`), its `bos_token` and, as eos, its first stop string.
+
+    Args:
+        name (`str`): one of `REAL_TEMPLATES`.
+        family (`Family`, *optional*): default: the family `textenv.chat.template_hashes` lists the template under.
+    """
+    from textenv.chat.families import FAMILIES_BY_NAME
+    from textenv.chat.template_hashes import KNOWN_TEMPLATES
+
+    if family is None:
+        family = FAMILIES_BY_NAME[{template: family for template, family in KNOWN_TEMPLATES.values()}[name]]
+    tokenizer = copy.deepcopy(_bundled_tokenizer())
+    tokenizer.chat_template = real_template(name)
+    tokens = {"additional_special_tokens": [token for token in family.special_tokens if token not in tokenizer.all_special_tokens]}
+    if family.bos_token:
+        tokens["bos_token"] = family.bos_token
+    if family.stop:
+        tokens["eos_token"] = family.stop[0]
+    tokenizer.add_special_tokens(tokens, replace_extra_special_tokens=False)  # SmolLM2's own stay special
     return tokenizer
