@@ -22,6 +22,9 @@ VERSION_INDEPENDENT = {
     "test_sandbox_reads.py": "the sandbox's read confinement: the kernel's layers, no model",
     "test_tool_faults.py": "tools that fail or hang: textenv's threads and subprocesses around a stub policy",
     "test_wiki_search.py": "BM25 search over a local index (bm25s)",
+    **{module: ("the tool-call parsers on written text: string and syntax-tree parsing only; their agreement with "
+                "transformers' parse_response and TRL's templates is test_tool_call_formats, in both halves")
+       for module in ("test_tool_call_formats_behaviour.py", "test_tool_call_formats_details.py", "test_tool_call_formats_choice.py")},
     "test_smolagents_tools.py": "smolagents tools (smolagents has no declared range)",
     "test_fuzz.py": "property tests of the tag parser and of histories: string and integer logic",
     "test_reliability.py": "fault isolation and crash-safe logs with scripted policies",

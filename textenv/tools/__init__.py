@@ -8,8 +8,10 @@
 - `schema`: `tool_schema`, JSON schemas of tools for the chat template, and argument checks;
 - `tag_calls`: `TagToolCalls`, the legacy ``<request><Tool>query<call>`` syntax as a reaction;
 - `json_calls`: `JsonToolCalls`, the chat template's JSON tool calls as a reaction, `ToolCallRecord`;
-- `tool_call_parsers`: `get_tool_call_parser`, `ToolCall`, `ParsedTurn`: JSON calls read from a model's turn;
-- `sandbox/`: the sandbox's process machinery (its own package).
+- `tool_call_parsers`: `get_tool_call_parser`, `ToolCall`, `ParsedTurn`: the calls read from a model's turn, in
+  each model family's format (Hermes, Llama, Mistral, Qwen3-Coder, GLM, GPT-OSS, DeepSeek, pythonic, Phi-4, Gemma 4);
+- `sandbox/`: the sandbox's process machinery (its own package); `call_formats/`: the parsers, one module per
+  family group (its own package).
 
 May import: textenv.asyncio_bridge, textenv.environment (the tag syntax only; a cycle), textenv.extras
 """
