@@ -43,7 +43,12 @@ SETTINGS_ERRORS = {
     "view: a path that is not there": (["view", "missing-run"], "'missing-run' does not exist"),
     "serve: bad port": (["serve", "--port", "0"], "--port must be from 1 to 65535"),
     "serve: bad KV cache": (["serve", "--kv_cache_gib", "0"], "--kv_cache_gib must be"),
-    "no such command": (["trian", "--task", "calculator"], "no command 'trian'; choose one of demo, train, rollout, serve, view"),
+    "check-model: no model": (["check-model"], "MODEL is missing"),
+    "check-model: a model path that is not there": (["check-model", "./no-such-model"], "no-such-model"),
+    "check-model: a template file that is not there": (["check-model", "bundled", "--chat_template", "missing.jinja"], "--chat_template missing.jinja: no such file"),
+    "check-model: an unknown parser": (["check-model", "bundled", "--tool_parser", "xml"], "tool_parser='xml' (--tool_parser) is not a known tool-call parser"),
+    "check-model: tools that are not tools": (["check-model", "bundled", "--tools", "textenv.options:DEFAULT_BATCH_SIZE"], "int has no tools"),
+    "no such command": (["trian", "--task", "calculator"], "no command 'trian'; choose one of demo, train, rollout, serve, check-model, view"),
 }
 
 

@@ -9,7 +9,8 @@ import logging
 
 import torch
 
-from textenv.chat.tool_chat import JSON_TURN_BUDGET, ChatTools
+from textenv.chat.budget import JSON_TURN_BUDGET
+from textenv.chat.tool_chat import ChatTools
 from textenv.engine.engine import Completion
 from textenv.gym import GymScheduler
 from textenv.gym.play import completion_record

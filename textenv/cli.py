@@ -48,6 +48,9 @@ SUBCOMMANDS: Dict[str, Subcommand] = {
                            "textenv rollout --task verifiers --env_id ID")),
     "serve": Subcommand("textenv.vllm.server", "start a vLLM server for a model (from .venv-vllm, see `make vllm`) for --engine vllm",
                         ("textenv serve --model bundled --port PORT [--host 127.0.0.1]",)),
+    "check-model": Subcommand("textenv.check_model", "say in seconds whether a model's tokenizer and chat template will work for tool calls "
+                              "(family, append-only rendering, call format, stop token, thinking, turn budget)",
+                              ("textenv check-model MODEL [--tools FILE:CLASS] [--chat_template FILE] [--tool_parser NAME]",)),
     "view": Subcommand("textenv.view.command", "one HTML page of a run: reward and tool-call curves, filterable episodes, their text and tokens",
                        ("textenv view PATH [--output page.html] [--serve]",)),
 }

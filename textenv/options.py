@@ -69,7 +69,10 @@ class EpisodeArguments:
         default=None, metadata={"help": "'bf16' or 'fp16': rollouts and PPO steps in autocast, weights float32 ('no' or unset: float32)"}
     )
     tool_format: str = field(default="tags", metadata={"help": "'tags' (<request><Tool>...<call>) or 'json' (the chat template's tool calls)"})
-    tool_parser: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: hermes, qwen, llama3 or mistral (default: the chat template's)"})
+    tool_parser: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: the call format (hermes, qwen3_coder, glm4, gpt_oss, "
+                                                                   "pythonic, ...: textenv check-model lists it; default: the chat template's)"})
+    chat_template: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: a Jinja chat template file used instead of the "
+                                                                     "tokenizer's (e.g. TRL's training template of the family)"})
     engine: str = field(default="textenv", metadata={"help": "what generates the turns: 'textenv' (in-process engine) or 'vllm'"})
     vllm_server_url: Optional[str] = field(
         default=None, metadata={"help": "--engine vllm: the server(s), comma-separated (none: textenv starts one for the model, see `textenv serve`)"}
@@ -98,6 +101,9 @@ class EpisodeArguments:
             raise ValueError(f"--mixed_precision must be no, bf16 or fp16, got {self.mixed_precision!r}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        from textenv.chat.templates import read_chat_template
+
+        self.chat_template_text = read_chat_template(self.chat_template)
         self.max_turns_given = self.max_turns is not None
         if self.max_turns is None:
             self.max_turns = DEFAULT_MAX_TURNS
@@ -276,7 +282,7 @@ class GymArguments:
         """The `GymScheduler` these options and `episode`'s describe (`max_turns` 0: no limit)."""
         from textenv.gym import GymScheduler
 
-        return GymScheduler(
+        scheduler = GymScheduler(
             model,
             tokenizer,
             gym_env=self.gym_env,
@@ -290,11 +296,15 @@ class GymArguments:
             max_length=self.max_length,
             external_plugins=self.external_plugins,
             tool_parser=episode.tool_parser,
+            chat_template=episode.chat_template_text,
             fit_tool_calls=not episode.max_new_tokens_given,
             **self.trl_arguments(),
             **({"verifiers_env": self.verifiers_environment()} if self.env_id else {}),
             **episode.engine_options(model),
         )
+        if self.environment_factory or self.tools or episode.tool_format == "json":
+            scheduler.chat_tools()  # the model's certificate (textenv check-model): a model that cannot work stops here
+        return scheduler
 
 
 def _env_args(text: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from textenv.chat.renderer import ChatRenderer, Messages
-from textenv.chat.transcript import turns_of
+from textenv.chat.transcript import rendering_pieces
 
 def _call(index: int, query: str) -> dict:
     return {"id": f"call0000{index}", "type": "function", "function": {"name": "Calculator", "arguments": {"query": query}}}
@@ -78,12 +78,13 @@ class Conformance:
 
 
 def check_conformance(renderer: ChatRenderer, conversation: Messages = SAMPLE_CONVERSATION) -> Conformance:
-    """Render `conversation` turn by turn with `renderer` (each message, consecutive tool results
-    together) and check that each render extends the previous one as text and as token ids."""
+    """Render `conversation` turn by turn with `renderer`, in the pieces a `Transcript` renders it in (the opening
+    system and user messages together, then each message, consecutive tool results together), and check that each
+    render extends the previous one as text and as token ids."""
     result = Conformance()
     previous_text, previous_ids = "", []
     length = 0
-    for turn in turns_of(conversation):
+    for turn in rendering_pieces(conversation):
         length += len(turn)
         role = "+".join(message["role"] for message in turn)
         try:

@@ -12,6 +12,7 @@ episode stay exactly as they were.
 from __future__ import annotations
 
 import copy
+import json
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -50,6 +51,7 @@ class ChatRenderer:
         self.chat_template = chat_template
         self.special_tokens = list(tokenizer.all_special_tokens)
         self.eos_text: Optional[str] = tokenizer.eos_token
+        self.arguments_as_json = False  # set when the template refuses tool-call arguments given as a mapping
         self._deltas_used: Dict[str, int] = {}
 
     def with_tools(self, tools: Optional[List[dict]]) -> "ChatRenderer":
@@ -60,7 +62,20 @@ class ChatRenderer:
         return renderer
 
     def render(self, messages: Messages, add_generation_prompt: bool = False, tools: Any = "default") -> str:
-        """The template's text for `messages` (with this renderer's tools unless `tools` is given)."""
+        """The template's text for `messages` (with this renderer's tools unless `tools` is given). A template that
+        takes tool-call arguments only as a JSON string (DeepSeek V3's) gets them so, from its first refusal on."""
+        if self.arguments_as_json:
+            return self._render(with_json_arguments(messages), add_generation_prompt, tools)
+        try:
+            return self._render(messages, add_generation_prompt, tools)
+        except Exception:
+            if not _has_mapping_arguments(messages):
+                raise
+            text = self._render(with_json_arguments(messages), add_generation_prompt, tools)
+            self.arguments_as_json = True
+            return text
+
+    def _render(self, messages: Messages, add_generation_prompt: bool, tools: Any) -> str:
         extra = {"chat_template": self.chat_template} if self.chat_template else {}
         return self.tokenizer.apply_chat_template(
             list(messages),
@@ -126,8 +141,16 @@ class ChatRenderer:
         except Exception:  # noqa: BLE001 - then the stand-ins are tried
             return None
         start = marked.find(_SENTINEL)
-        end = marked.find(closing, start) if start >= 0 and closing else -1
-        return marked[end + len(closing) :] if end >= 0 else None
+        if start < 0:
+            return None
+        after = marked[start + len(_SENTINEL) :]
+        end = after.find(closing) if closing else -1
+        if end >= 0:
+            return after[end + len(closing) :]
+        # A reply closed differently once others follow it (GPT-OSS: <|return|> becomes <|end|>): the model's own
+        # closing token stays in the episode; the delta starts after the template's.
+        rewritten = next((token for token in self.special_tokens if token and after.startswith(token)), None)
+        return after[len(rewritten) :] if rewritten else None
 
     def message_text(self, before: Messages, message: Message) -> str:
         """The text `message` adds after `before`."""
@@ -171,6 +194,23 @@ def stand_in(messages: Messages, max_calls: Optional[int] = None) -> Messages:
                 message["tool_calls"] = message["tool_calls"][:max_calls]
         tail.append(message)
     return head + tail
+
+
+def _has_mapping_arguments(messages: Messages) -> bool:
+    return any(isinstance(call.get("function", call).get("arguments"), dict) for message in messages for call in message.get("tool_calls") or [])
+
+
+def with_json_arguments(messages: Messages) -> Messages:
+    """`messages` with every tool call's mapping `arguments` as a JSON string (OpenAI's form)."""
+    def encoded(call: dict) -> dict:
+        function = call.get("function", call)
+        if not isinstance(function.get("arguments"), dict):
+            return call
+        function = {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}
+        return {**call, "function": function} if "function" in call else function
+
+    return [{**message, "tool_calls": [encoded(call) for call in message["tool_calls"]]} if message.get("tool_calls") else message
+            for message in messages]
 
 
 def tool_call_message(content: str, tool_calls: List[dict]) -> Message:

@@ -88,3 +88,18 @@ def tool_chat_template(tokenizer, chat_template: Optional[str] = None) -> Option
         "tools= and is not ChatML (textenv ships a tool template for ChatML only). Pass chat_template= with a "
         "template that renders `tools`."
     )
+
+
+def read_chat_template(path: Optional[str]) -> Optional[str]:
+    """The text of a ``--chat_template`` file (`None` without one).
+
+    Raises:
+        FileNotFoundError: no such file (names the option).
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--chat_template {path}: no such file (give a Jinja chat template file).") from None

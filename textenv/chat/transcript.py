@@ -71,8 +71,8 @@ class Transcript:
         self.tool_parser = tool_parser
         self.entries: List[Entry] = []
         self.calls_made = 0
-        for message in messages:
-            self._append_rendered([message])
+        for group in opening_groups(messages):
+            self._append_rendered(group)
 
     @property
     def messages(self) -> Messages:
@@ -193,6 +193,30 @@ class Transcript:
             pending_text, pending_tokens = "", []
             history.append_segment(segment.text, segment.tokens, system=False, logprobs=segment.logprobs, policy_version=segment.policy_version)
         return _flush(history, pending_text, pending_tokens) if pending_tokens else history
+
+
+def opening_groups(messages: Messages) -> List[Messages]:
+    """The opening messages in the pieces they are rendered in: each on its own, except leading system messages,
+    which go with the first message after them (Llama 3.1 and Qwen3.5's templates refuse a system message alone when
+    tools are described: the tools go into the first user message, or need one)."""
+    opening, rest = _split_opening(messages)
+    return ([opening] if opening else []) + [[message] for message in rest]
+
+
+def rendering_pieces(messages: Messages) -> List[Messages]:
+    """The pieces a `Transcript` renders a whole conversation in: the opening (leading system messages with the first
+    message after them), then `turns_of` the rest."""
+    opening, rest = _split_opening(messages)
+    return ([opening] if opening else []) + turns_of(rest)
+
+
+def _split_opening(messages: Messages) -> tuple[Messages, Messages]:
+    """`(leading system messages and the message after them, the rest)`."""
+    messages = list(messages)
+    lead = 0
+    while lead < len(messages) - 1 and messages[lead].get("role") == "system":
+        lead += 1
+    return messages[: lead + 1], messages[lead + 1 :]
 
 
 def turns_of(messages: Messages) -> List[Messages]:

@@ -73,10 +73,10 @@ async def play_json_episodes(env, queries, lockstep: bool = False) -> list[TextH
     is raised (as in the tag format)."""
     chat: ChatTools = env._chat_tools
     calls = JsonToolCalls(env.tools, timeout=env.tool_timeout, max_response=env.max_tool_response)
-    renderer = chat.renderer_for(calls.schemas())
+    renderer, parse = chat.renderer_for(calls.schemas()), chat.parser_for(calls.schemas())
     episodes = []
     for index, query in enumerate(queries):
-        transcript = Transcript(renderer, opening_messages(env.prompt, query), tool_parser=chat.parse)
+        transcript = Transcript(renderer, opening_messages(env.prompt, query), tool_parser=parse)
         if env.max_length is not None and transcript.num_tokens > env.max_length:
             raise ValueError(
                 f"queries[{index}]: the rendered prompt and query are {transcript.num_tokens} tokens, longer than "

@@ -140,7 +140,7 @@ class GymPlay(Episode):
         if not schemas:
             return self.scheduler.renderer, None
         chat = self.scheduler.chat_tools()
-        return chat.renderer_for(list(schemas)), chat.parse
+        return chat.renderer_for(list(schemas)), chat.parser_for(list(schemas))
 
     def context(self) -> torch.Tensor:
         if self.observation is not None:  # a user message, or tool results rendered together

@@ -35,6 +35,7 @@ def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -
         batch_size=settings.generation_batch_size,
         tool_format=settings.tool_format,
         tool_parser=settings.tool_parser,
+        chat_template=settings.chat_template_text,
         **settings.engine_options(model),
     )
 

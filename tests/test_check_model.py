@@ -1,0 +1,146 @@
+"""`textenv check-model` and `certify`: the verdict on each real chat template, each check's finding, the fixes it
+names, the command's output and exit status, and runs that stop before any episode when a model cannot work.
+
+Comparisons: exact (verdicts, parser names, which checks pass). The real templates are worn by the bundled tokenizer
+with the family's special tokens (`tests/chat_fixtures.py`); the certificate reads only the tokenizer and template.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from chat_fixtures import REAL_TEMPLATES, real_template, real_template_tokenizer
+from textenv.chat.certificate import FAIL, NOTE, OK, certify
+from textenv.chat.tool_chat import ChatTools
+from textenv.cli import main, run_command
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Per real template: the parser of a model that works, or the check that fails (the rest work).
+FAILS = {
+    "deepseek_r1_distill": "template", "deepseek_r1_distill_training": "template",  # ignore tools=
+    "deepseekv3": "template", "deepseekv3_training": "template",
+    "gemma3": "template", "gemma3_training": "template",
+    "phi3_5": "template", "phi3_5_training": "template", "phi4_mini": "template",
+    "lfm2": "tool call", "lfm2_training": "tool call",  # drop an assistant message's tool_calls
+    "mistral_v7_tekken": "tool call",  # `str + (tojson|safe)` HTML-escapes the call's quotes
+}
+PARSER = {"gemma4": "gemma4", "glm4moe": "glm4", "gptoss": "gpt_oss", "lfm2_2_5": "pythonic", "lfm2_v2": "pythonic",
+          "llama3_1": "llama3", "llama3_2": "llama3", "mistral_v13_tekken": "mistral", "nemotron_3_nano": "qwen3_coder",
+          "qwen2_5": "hermes", "qwen3": "hermes", "qwen3_5_nothink": "qwen3_coder", "qwen3_5_think": "qwen3_coder"}
+
+
+def released(name: str) -> str:
+    return name.removesuffix("_training")
+
+
+@pytest.fixture(scope="module")
+def certificates():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {name: certify(real_template_tokenizer(name), model=name) for name in REAL_TEMPLATES}
+
+
+@pytest.mark.parametrize("name", REAL_TEMPLATES)
+def test_the_verdict_on_each_real_template(name, certificates):
+    certificate = certificates[name]
+    if name in FAILS:
+        assert not certificate.works and certificate.failures[0].name == FAILS[name], certificate.report()
+        assert certificate.failures[0].fix and "cannot train" in certificate.verdict()
+        return
+    assert certificate.works, certificate.report()
+    assert certificate.parser_name == PARSER[released(name).replace("gemma4_v5", "gemma4")]
+    assert [check.name for check in certificate.checks][-1] == "turn budget" and certificate.turn_budget >= 48
+    round_trip = next(check for check in certificate.checks if check.name == "tool call")
+    assert round_trip.status == OK and "Calculator" in round_trip.detail
+
+
+def test_a_template_that_strips_thinking_gets_a_note_naming_trls_training_template(certificates):
+    thinking = next(check for check in certificates["qwen3"].checks if check.name == "thinking")
+    assert thinking.status == NOTE and "strips" in thinking.detail and "'qwen3_training'" in thinking.detail
+    assert next(check for check in certificates["qwen3_training"].checks if check.name == "thinking").status == OK
+
+
+def test_a_parser_that_does_not_read_the_template_names_the_one_that_does():
+    certificate = certify(real_template_tokenizer("qwen2_5"), tool_parser="llama3")
+    (failure,) = certificate.failures
+    assert failure.name == "tool call" and failure.fix == "--tool_parser hermes"
+
+
+def test_a_tokenizer_without_a_chat_template_fails_first(tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = None
+    certificate = certify(tokenizer)
+    assert [check.status for check in certificate.checks] == [FAIL] and "--chat_template" in certificate.failures[0].fix
+
+
+def test_a_template_that_raises_on_tool_messages_fails_with_the_error(tokenizer):
+    raising = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+               "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    certificate = certify(tokenizer, chat_template=raising)
+    assert certificate.failures[0].name == "append-only" and "no tool role" in certificate.failures[0].detail
+
+
+def test_a_reply_closed_by_a_token_generation_does_not_stop_at_fails(tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.eos_token = "<|endoftext|>"
+    certificate = certify(tokenizer)
+    (failure,) = certificate.failures
+    assert failure.name == "stop token" and failure.fix.startswith("set tokenizer.eos_token = '<|im_end|>'")
+    assert certify(tokenizer, stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")]).works
+
+
+def test_chat_tools_refuses_a_model_that_cannot_work_with_the_verdict():
+    with pytest.raises(ValueError, match="cannot train with JSON tool calls: tool call: the template drops"):
+        ChatTools(real_template_tokenizer("lfm2"))
+
+
+def test_the_command_prints_every_check_and_the_verdict(capsys):
+    assert main(["check-model", "bundled"]) == 0
+    output = capsys.readouterr().out
+    for name in ("template", "tool-call format", "append-only", "tool call", "stop token", "turn budget"):
+        assert f"  ok    {name}: " in output
+    assert output.rstrip().endswith("bundled: works for JSON tool calls (parser 'hermes')")
+
+
+def test_the_command_exits_1_when_the_model_cannot_work(tmp_path, capsys):
+    template = tmp_path / "lfm2.jinja"
+    template.write_text(real_template("lfm2"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check-model", "bundled", "--chat_template", str(template)])
+    assert exit_info.value.code == 1
+    assert "FAIL  tool call: the template drops" in capsys.readouterr().out
+
+
+def test_the_command_describes_the_tools_of_a_trl_environment_class(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    certificate = run_command(["check-model", "bundled", "--tools", "examples/counter_env.py:CounterEnv"])
+    round_trip = next(check for check in certificate.checks if check.name == "tool call")
+    assert '"name": "increment", "arguments": {"step": 42}' in round_trip.detail and certificate.works
+
+
+def test_a_run_with_a_model_that_cannot_work_stops_before_any_episode(tmp_path, capsys):
+    template = tmp_path / "phi.jinja"
+    template.write_text(real_template("phi3_5"))
+    argv = ["train", "--task", "calculator", "--tool_format", "json", "--chat_template", str(template), "--model_name_or_path", "tiny",
+            "--ppo_steps", "1", "--batch_size", "2", "--output_dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("textenv train: error: the model cannot train with JSON tool calls: template: ") and error.count("\n") == 1
+    assert not (tmp_path / "run" / "episodes.jsonl").exists()
+
+
+def test_the_your_model_page_shows_what_the_command_prints(capsys):
+    page = (ROOT / "docs" / "guides" / "models.md").read_text()
+    assert "```bash\ntextenv check-model bundled\n```" in page
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0]
+    assert main(["check-model", "bundled"]) == 0
+    assert capsys.readouterr().out == shown
