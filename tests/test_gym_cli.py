@@ -24,13 +24,13 @@ def rows_file(tmp_path):
 
 
 def test_subcommand_table():
-    assert set(SUBCOMMANDS) == {"rollout", "train", "demo", "serve", "view"}
+    assert set(SUBCOMMANDS) == {"rollout", "train", "demo", "serve", "check-model", "view"}
     help_text = build_parser().format_help()
     assert all(name in help_text for name in SUBCOMMANDS)
 
 
 def test_an_unknown_command_names_the_commands(capsys):
-    with pytest.raises(ValueError, match="no command 'train-gym'; choose one of demo, train, rollout, serve, view"):
+    with pytest.raises(ValueError, match="no command 'train-gym'; choose one of demo, train, rollout, serve, check-model, view"):
         run_command(["train-gym", "--steps", "1"])
 
 
