@@ -49,7 +49,7 @@ class ChatRenderer:
         self.tokenizer = _private_copy(tokenizer)
         self.tools = list(tools) if tools else None
         self.chat_template = chat_template
-        self.special_tokens = list(tokenizer.all_special_tokens)
+        self.special_tokens = control_tokens(tokenizer)
         self.eos_text: Optional[str] = tokenizer.eos_token
         self.arguments_as_json = False  # set when the template refuses tool-call arguments given as a mapping
         self._deltas_used: Dict[str, int] = {}
@@ -152,6 +152,19 @@ class ChatRenderer:
         rewritten = next((token for token in self.special_tokens if token and after.startswith(token)), None)
         return after[len(rewritten) :] if rewritten else None
 
+    def reply_continuation(self, before: Messages, reply: Message, written: str, prompt: str) -> Optional[tuple[str, str]]:
+        """How the template goes on after the model's text `written` (its turn, the token that ended it included, after
+        the generation prompt `prompt`), when it renders `reply` as the model wrote it: `(closing, overlap)`, the text
+        it puts after `written` and, when the model wrote past the template's rendering of the reply, that excess
+        (which the template writes at the start of what follows). `None` when the template renders it otherwise."""
+        rendered = self._prefix_delta(before, [reply], False, "default")
+        if not rendered or not rendered.startswith(prompt) or len(rendered) == len(prompt):
+            return None
+        rendered = rendered[len(prompt) :]
+        if rendered.startswith(written):
+            return rendered[len(written) :], ""
+        return ("", written[len(rendered) :]) if written.startswith(rendered) else None
+
     def message_text(self, before: Messages, message: Message) -> str:
         """The text `message` adds after `before`."""
         return self.added_text(before, [message])
@@ -178,6 +191,14 @@ class ChatRenderer:
     def neutralize(self, text: str, extra: Iterable[str] = ()) -> str:
         """`text` with the tokenizer's special tokens (and `extra` strings) defused."""
         return neutralize(text, [*self.special_tokens, *extra])
+
+
+def control_tokens(tokenizer) -> List[str]:
+    """The tokenizer's special tokens: the named ones and every added token its vocabulary marks special (a released
+    tokenizer.json marks GPT-OSS's ``<|end|>`` and Llama 3's ``<|start_header_id|>`` special without listing them in
+    `all_special_tokens`; text spelling them is encoded as the control token all the same)."""
+    added = [token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(token, "special", False)]
+    return list(dict.fromkeys([*tokenizer.all_special_tokens, *added]))
 
 
 def stand_in(messages: Messages, max_calls: Optional[int] = None) -> Messages:

@@ -71,6 +71,7 @@ class Transcript:
         self.tool_parser = tool_parser
         self.entries: List[Entry] = []
         self.calls_made = 0
+        self._overlap = ""  # what the last reply wrote past its message, which the template writes next (`add_reply`)
         for group in opening_groups(messages):
             self._append_rendered(group)
 
@@ -95,6 +96,8 @@ class Transcript:
             kept += 1
         while 0 < kept < len(self.entries) and not self.entries[kept].segments:
             kept -= 1  # messages rendered together are kept or re-rendered together
+        if kept < len(self.entries):
+            self._overlap = ""
         del self.entries[kept:]
         for turn in turns_of(copy.deepcopy(managed[kept:])):
             self._append_rendered(turn)
@@ -109,14 +112,23 @@ class Transcript:
 
     def add_reply(self, completion: Completion, prompt: Segment) -> Message:
         """Append the model's turn: its generation prompt, its exact ids (trainable) and the template's
-        closing text (the part of it the model did not write itself). Returns the assistant message."""
+        closing text (the part of it the model did not write itself). Returns the assistant message.
+
+        Where the template writes the reply as the model did, the closing is what the template writes after the model's
+        text (Gemma 4 opens the tool response after a call), and text the model wrote past the template's reply (GLM
+        ends a turn at the next role token, ``<|observation|>``) is not written again by the next message's delta."""
         before = self.messages
-        content, ended_by_eos = self._content(completion)
-        closing = self.renderer.assistant_suffix(before)
-        eos_text = self.renderer.eos_text or ""
-        if ended_by_eos and eos_text and closing.startswith(eos_text):
-            closing = closing[len(eos_text) :]
+        content, stop = self._content(completion)
         message = self._assistant_message(content)
+        continued = self.renderer.reply_continuation(before, message, completion.text, prompt.text)
+        if continued is not None:
+            closing, self._overlap = continued
+        else:
+            closing = self.renderer.assistant_suffix(before)
+            self._overlap = stop if stop and not closing.startswith(stop) else ""
+            eos_text = self.renderer.eos_text or ""
+            if stop and eos_text and closing.startswith(eos_text):
+                closing = closing[len(eos_text) :]
         generated_ids = completion.token_ids.detach().cpu().long()
         logprobs = _turn_logprobs(completion, len(generated_ids))
         reply = Segment(completion.text, generated_ids, generated=len(generated_ids) > 0, logprobs=logprobs, policy_version=completion.policy_version)
@@ -144,16 +156,20 @@ class Transcript:
         if not messages:
             return
         text = self.renderer.added_text(self.messages, messages)
+        if self._overlap and text.startswith(self._overlap):
+            text = text[len(self._overlap) :]
+        self._overlap = ""
         self.entries.append(Entry(messages[0], [Segment(text, self.renderer.encode(text))]))
         self.entries.extend(Entry(message) for message in messages[1:])
 
-    def _content(self, completion: Completion) -> tuple[str, bool]:
-        eos_text = self.renderer.eos_text or ""
-        ended_by_eos = completion.finish_reason == "eos"
+    def _content(self, completion: Completion) -> tuple[str, str]:
+        """`(content, stop)`: the reply's text without the token that ended it (an eos id: the tokenizer's eos, or
+        another end-of-turn token of the model's generation config), and that token's text ("" if none did)."""
         text = completion.text
-        if ended_by_eos and eos_text and text.endswith(eos_text):
-            text = text[: -len(eos_text)]
-        return text, ended_by_eos
+        if completion.finish_reason != "eos" or len(completion.token_ids) == 0:
+            return text, ""
+        stop = self.renderer.tokenizer.decode([int(completion.token_ids[-1])], skip_special_tokens=False)
+        return (text[: -len(stop)] if stop and text.endswith(stop) else text), stop
 
     def trained_segments(self, loss_scale: str) -> List[Segment]:
         """The model segments trained under `loss_scale`: every on-policy one, or only the last."""
