@@ -31,44 +31,7 @@ it raises on one malformed call, reads a cut-off XML call as a complete one, nee
 missing from the lowest supported releases. The families' modules are in `textenv.tools.call_formats`.
 """
 
-from textenv.tools.call_formats import (
-    END_OF_TURN_STRINGS,
-    TEMPLATE_MARKERS,
-    TOOL_CALL_PARSERS,
-    ParsedTurn,
-    ToolCall,
-    get_tool_call_parser,
-    parse_deepseek_v3,
-    parse_deepseek_v31,
-    parse_gemma4,
-    parse_glm4,
-    parse_gpt_oss,
-    parse_hermes,
-    parse_llama3,
-    parse_mistral,
-    parse_phi4_mini,
-    parse_pythonic,
-    parse_qwen3_coder,
-    parser_for_template,
-)
+from textenv.tools import call_formats
+from textenv.tools.call_formats import *  # noqa: F401,F403 - the public names of the formats' package, re-exported
 
-__all__ = [
-    "END_OF_TURN_STRINGS",
-    "TEMPLATE_MARKERS",
-    "TOOL_CALL_PARSERS",
-    "ParsedTurn",
-    "ToolCall",
-    "get_tool_call_parser",
-    "parse_deepseek_v3",
-    "parse_deepseek_v31",
-    "parse_gemma4",
-    "parse_glm4",
-    "parse_gpt_oss",
-    "parse_hermes",
-    "parse_llama3",
-    "parse_mistral",
-    "parse_phi4_mini",
-    "parse_pythonic",
-    "parse_qwen3_coder",
-    "parser_for_template",
-]
+__all__ = list(call_formats.__all__)
