@@ -33,6 +33,13 @@ LFM2_TOKENS = ("<|startoftext|>", *CHATML, "<|tool_list_start|>", "<|tool_list_e
                "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")
 QWEN3_TOKENS = (*CHATML, "<tool_call>", "</tool_call>", *THINK, "<tool_response>", "</tool_response>")
 PHI_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>")
+# What several families share: ChatML thinking models whose released template drops earlier thinking, DeepSeek's
+# tokens and thinking, Phi's turns.
+QWEN_THINKING = dict(thinking=THINK, thinking_switch="enable_thinking", stop=("<|im_end|>",), special_tokens=QWEN3_TOKENS,
+                     rewrites_history=True, strips_thinking=True)
+DEEPSEEK = dict(parser="deepseek_v3", thinking=THINK, stop=("<｜end▁of▁sentence｜>",), special_tokens=DEEPSEEK_TOKENS,
+                bos_token="<｜begin▁of▁sentence｜>", strips_thinking=True)
+PHI = dict(stop=("<|end|>", "<|endoftext|>"), rewrites_history=True, renders_tool_calls=False)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,8 @@ class Family:
             (``"enable_thinking"``).
         thinking_key (`str`, *optional*): the message key the template reads an assistant's thinking from when
             it does not take it inline in ``content`` (``"thinking"`` for GPT-OSS).
-        stop (`tuple[str, ...]`): the strings a model turn ends with (end-of-turn tokens).
+        stop (`tuple[str, ...]`): the tokens a model turn ends with, after a reply or after a tool call (the eos ids
+            of its released generation config: Gemma 4 stops a call turn at ``<|tool_response>``).
         special_tokens (`tuple[str, ...]`): the control tokens its template writes.
         bos_token (`str`, *optional*): the beginning-of-sequence token its template writes as ``bos_token``.
         rewrites_history (`bool`): its current released template renders earlier turns differently once later
@@ -84,19 +92,14 @@ FAMILIES: Tuple[Family, ...] = (
            special_tokens=(*CHATML, "<tool_call>", "</tool_call>"), training_template="qwen2_5_training",
            notes="Consecutive tool results share one user turn as <tool_response> blocks; Hermes 2/3 and "
                  "Qwen3-Instruct-2507 write the same format."),
-    Family("qwen3", "Qwen3", "hermes", THINK, "enable_thinking", stop=("<|im_end|>",), special_tokens=QWEN3_TOKENS,
-           rewrites_history=True, strips_thinking=True, training_template="qwen3_training",
+    Family("qwen3", "Qwen3", "hermes", **QWEN_THINKING, training_template="qwen3_training",
            notes="Thinking before the last user message is dropped, and the last reply's empty think block "
                  "disappears once a tool result follows; enable_thinking=False prefills an empty think block."),
-    Family("qwen3_5", "Qwen3.5", "qwen3_coder", THINK, "enable_thinking", stop=("<|im_end|>",),
-           special_tokens=QWEN3_TOKENS, rewrites_history=True, strips_thinking=True,
-           training_template="qwen3_5_think_training",
+    Family("qwen3_5", "Qwen3.5", "qwen3_coder", **QWEN_THINKING, training_template="qwen3_5_think_training",
            notes="Calls as <tool_call><function=name><parameter=key>value</parameter></function></tool_call> "
                  "(the Qwen3-Coder format); a conversation without a user message raises; the 2B-and-smaller "
                  "models' template defaults to enable_thinking=False (qwen3_5_nothink_training)."),
-    Family("nemotron_3_nano", "Nemotron 3 Nano", "qwen3_coder", THINK, "enable_thinking", stop=("<|im_end|>",),
-           special_tokens=QWEN3_TOKENS, rewrites_history=True, strips_thinking=True,
-           training_template="nemotron_3_nano_training",
+    Family("nemotron_3_nano", "Nemotron 3 Nano", "qwen3_coder", **QWEN_THINKING, training_template="nemotron_3_nano_training",
            notes="The Qwen3-Coder call format; truncate_history_thinking (default on) drops earlier thinking."),
     Family("llama3", "Llama 3.1 / 3.2", "llama3", stop=("<|eot_id|>", "<|eom_id|>"),
            special_tokens=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
@@ -110,7 +113,7 @@ FAMILIES: Tuple[Family, ...] = (
            notes="No tools: roles must alternate user/model, so a tool message raises; tools= and tool_calls are "
                  "ignored (vLLM serves it with its own pythonic tool template)."),
     Family("gemma4", "Gemma 4", "gemma4", ("<|channel>thought\n", "<channel|>"), "enable_thinking", "reasoning",
-           stop=("<turn|>",),
+           stop=("<turn|>", "<|tool_response>"),
            special_tokens=("<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>", "<|tool>",
                            "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>'),
            bos_token="<bos>", rewrites_history=True, strips_thinking=True,
@@ -125,15 +128,12 @@ FAMILIES: Tuple[Family, ...] = (
            notes="Thinking goes in the `thinking` key (the analysis channel) and is dropped once a final answer "
                  "follows; the last reply ends with <|return|>, which becomes <|end|> once a user message follows; "
                  "calls end with <|call|>."),
-    Family("deepseek_r1_distill", "DeepSeek-R1-Distill", "deepseek_v3", THINK, stop=("<｜end▁of▁sentence｜>",),
-           special_tokens=DEEPSEEK_TOKENS, bos_token="<｜begin▁of▁sentence｜>", strips_thinking=True,
-           renders_tool_calls=False, training_template="deepseek_r1_distill_training",
+    Family("deepseek_r1_distill", "DeepSeek-R1-Distill", **DEEPSEEK, renders_tool_calls=False,
+           training_template="deepseek_r1_distill_training",
            notes="Every reply loses everything up to </think> (lossy but append-only); tools= is ignored; "
                  "tool_calls are rendered only when content is None (which transformers 5.24 drops, so it raises), "
                  "with arguments as a JSON string, and a single call is never closed."),
-    Family("deepseek_v3", "DeepSeek-V3 / R1", "deepseek_v3", THINK, stop=("<｜end▁of▁sentence｜>",),
-           special_tokens=DEEPSEEK_TOKENS, bos_token="<｜begin▁of▁sentence｜>", rewrites_history=True,
-           strips_thinking=True, training_template="deepseekv3_training",
+    Family("deepseek_v3", "DeepSeek-V3 / R1", **DEEPSEEK, rewrites_history=True, training_template="deepseekv3_training",
            notes="Calls as <｜tool▁call▁begin｜>function<｜tool▁sep｜>name + a ```json block; tools= is ignored; "
                  "arguments must be a JSON string (a mapping raises; TRL's training template takes one); a second "
                  "tool-call turn is merged into the first's block; the generation prompt opens <think>."),
@@ -145,13 +145,11 @@ FAMILIES: Tuple[Family, ...] = (
            notes="v7 (Mistral Small 3.x): [TOOL_CALLS][{name, arguments, id}] with the tool list before the LAST "
                  "user message (rewrites); v13: [TOOL_CALLS]name[ARGS]{...} with the tool list before the first "
                  "(append-only); v7 call ids must be 9 characters; no generation prompt."),
-    Family("phi3_5", "Phi-3.5", None, stop=("<|end|>", "<|endoftext|>"), special_tokens=PHI_TOKENS, rewrites_history=True,
-           renders_tool_calls=False, training_template="phi3_5_training",
+    Family("phi3_5", "Phi-3.5", None, **PHI, special_tokens=PHI_TOKENS, training_template="phi3_5_training",
            notes="No tools: tool messages and tool_calls are silently dropped; eos_token follows the last message "
                  "unless add_generation_prompt, so every added turn rewrites the end."),
-    Family("phi4_mini", "Phi-4-mini", "phi4_mini", stop=("<|end|>", "<|endoftext|>"),
+    Family("phi4_mini", "Phi-4-mini", "phi4_mini", **PHI,
            special_tokens=(*PHI_TOKENS, "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"),
-           rewrites_history=True, renders_tool_calls=False,
            notes="Tools go in the system message's `tools` key (a JSON string), not tools=; tool_calls are not "
                  "rendered (the model writes <|tool_call|>[...]<|/tool_call|> in content); eos_token follows the "
                  "last message unless add_generation_prompt, as Phi-3.5's."),
