@@ -85,6 +85,13 @@ def real_template(name: str) -> str:
     return (REAL_TEMPLATE_DIR / f"{name}.jinja").read_bytes().decode("utf-8")
 
 
+def family_stop_ids(tokenizer, family) -> list:
+    """The ids of `family.stop` in `tokenizer`: what a released generation config of the family lists as eos ids (the
+    certificate checks that a reply and a call turn end at one of them)."""
+    vocabulary = tokenizer.get_vocab()
+    return [vocabulary[token] for token in family.stop if token in vocabulary]
+
+
 def real_template_tokenizer(name: str, family=None):
     """A copy of the bundled SmolLM2 tokenizer wearing the real template `name`, with its family's special tokens
     added (`textenv.chat.families.Family.special_tokens`), its `bos_token` and, as eos, its first stop string.

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from chat_fixtures import family_stop_ids
 from family_tokenizers import family_of, family_tokenizer
+from textenv.chat.renderer import with_json_arguments
 from textenv.engine.engine import FINISH_EOS, Completion
 from textenv.environment import TextEnvironment
 from textenv.gym import Env, GymScheduler
@@ -35,8 +37,8 @@ CALL = {"role": "assistant", "content": "", "tool_calls": [
 OPENING = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
 
 # The token a family's model ends a tool-call turn and a reply with: the one its template writes there or, where it
-# writes none (GLM-4.5), the next message's role token. Each is an eos id of the released generation config: Gemma 4's
-# [1, 106, 50] holds <|tool_response> (50), which `Family.stop` does not list; GLM-4.5's <|user|> and <|observation|>.
+# writes none (GLM-4.5), the next message's role token. Each is an eos id of the released generation config (Gemma 4's
+# [1, 106, 50] holds <|tool_response>, 50; GLM-4.5's <|user|> and <|observation|>) and is in `Family.stop`.
 STOPS = {"qwen2_5": ("<|im_end|>",) * 2, "qwen3": ("<|im_end|>",) * 2, "qwen3_5": ("<|im_end|>",) * 2,
          "nemotron_3_nano": ("<|im_end|>",) * 2, "llama3": ("<|eot_id|>",) * 2, "mistral": ("</s>",) * 2,
          "lfm2": ("<|im_end|>",) * 2, "lfm2_5": ("<|im_end|>",) * 2, "gpt_oss": ("<|call|>", "<|return|>"),
@@ -53,6 +55,9 @@ THINKING = {"qwen3": f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}", "qwen3_5_think
 # its vocabulary, twice (its own and the renderer's); ChatTools checks the template passed.
 SHARED_TOKENIZER = {"llama3_2": "llama3_1", "gemma4": "gemma4_v5", "qwen3": "qwen2_5", "qwen3_5_think": "qwen2_5",
                     "qwen3_5_nothink": "qwen2_5", "mistral_v7_tekken": "mistral_v13_tekken", "lfm2": "lfm2_v2"}
+# Templates that write a call right only from arguments given as a JSON string (Mistral v7 HTML-escapes the text
+# around a mapping's `arguments|tojson|safe`): their model writes what the template writes from one.
+JSON_ARGUMENTS = {"mistral_v7_tekken"}
 REWRITTEN_STOPS = {"<|return|>": "<|end|>"}  # GPT-OSS's template closes a final answer so once a message follows
 QUERIES: list = []  # what the calculator was asked, by either front end
 
@@ -60,6 +65,11 @@ QUERIES: list = []  # what the calculator was asked, by either front end
 def tokenizer_for(template: str):
     """The family tokenizer `template` runs on (with `real_template(template)` passed as chat_template=)."""
     return family_tokenizer(SHARED_TOKENIZER.get(template, template))
+
+
+def stop_ids(template: str) -> list:
+    """The eos ids a run of `template`'s family is given (its generation config's)."""
+    return family_stop_ids(tokenizer_for(template), family_of(template))
 
 
 class RecordingCalculator(Calculator):
@@ -164,7 +174,8 @@ def scripted_turns(template: str, chat_template: str, gym: bool) -> tuple:
     the reply to the second question, non-canonical."""
     tokenizer, family = tokenizer_for(template), family_of(template)
     call_stop, reply_stop = STOPS[family.name]
-    call = model_turn(tokenizer, written_by_template(tokenizer, chat_template, CALL), call_stop)
+    call_message = with_json_arguments([CALL])[0] if template in JSON_ARGUMENTS else CALL
+    call = model_turn(tokenizer, written_by_template(tokenizer, chat_template, call_message), call_stop)
     plain = written_by_template(tokenizer, chat_template, {"role": "assistant", "content": ANSWER})
     reply = model_turn(tokenizer, THINKING.get(template, plain), reply_stop, canonical=False)
     last = written_by_template(tokenizer, chat_template, {"role": "assistant", "content": LAST})
@@ -182,7 +193,7 @@ def gym_episode(template: str, chat_template: str, turns: list):
     tokenizer = tokenizer_for(template)
     script = ScriptedIds(tokenizer, turns)
     scheduler = GymScheduler(None, tokenizer, policy=script, gym_env="family_drift", max_turns=len(turns) + 1,
-                             loss_scale="all", chat_template=chat_template)
+                             loss_scale="all", chat_template=chat_template, generation_kwargs={"eos_token_id": stop_ids(template)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a template that rewrites earlier turns is said so
         (episode,) = scheduler.run([{"query": QUESTION}])
@@ -197,7 +208,7 @@ def text_environment_episode(template: str, chat_template: str, turns: list):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         env = TextEnvironment(tiny_model(), tokenizer, {"Calculator": RecordingCalculator()}, None, SYSTEM,
-                              tool_format="json", chat_template=chat_template)
+                              generation_kwargs={"eos_token_id": stop_ids(template)}, tool_format="json", chat_template=chat_template)
 
     async def generate(context_ids, stop_strings=(), generation_kwargs=None, *, episode=None):
         return script.next(context_ids)

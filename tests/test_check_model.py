@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from chat_fixtures import REAL_TEMPLATES, real_template, real_template_tokenizer
+from chat_fixtures import REAL_TEMPLATES, family_stop_ids, real_template, real_template_tokenizer
 from textenv.chat.certificate import FAIL, NOTE, OK, certify
+from textenv.chat.families import FAMILIES_BY_NAME
+from textenv.chat.template_hashes import KNOWN_TEMPLATES
 from textenv.chat.tool_chat import ChatTools
 from textenv.cli import main, run_command
 
@@ -26,10 +28,9 @@ FAILS = {
     "gemma3": "template", "gemma3_training": "template",
     "phi3_5": "template", "phi3_5_training": "template", "phi4_mini": "template",
     "lfm2": "tool call", "lfm2_training": "tool call",  # drop an assistant message's tool_calls
-    "mistral_v7_tekken": "tool call",  # `str + (tojson|safe)` HTML-escapes the call's quotes
 }
 PARSER = {"gemma4": "gemma4", "glm4moe": "glm4", "gptoss": "gpt_oss", "lfm2_2_5": "pythonic", "lfm2_v2": "pythonic",
-          "llama3_1": "llama3", "llama3_2": "llama3", "mistral_v13_tekken": "mistral", "nemotron_3_nano": "qwen3_coder",
+          "llama3_1": "llama3", "llama3_2": "llama3", "mistral_v13_tekken": "mistral", "mistral_v7_tekken": "mistral", "nemotron_3_nano": "qwen3_coder",
           "qwen2_5": "hermes", "qwen3": "hermes", "qwen3_5_nothink": "qwen3_coder", "qwen3_5_think": "qwen3_coder"}
 
 
@@ -41,7 +42,15 @@ def released(name: str) -> str:
 def certificates():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {name: certify(real_template_tokenizer(name), model=name) for name in REAL_TEMPLATES}
+        return {name: certify_real(name) for name in REAL_TEMPLATES}
+
+
+def certify_real(name: str, **options):
+    """The certificate of the real template `name` on its test tokenizer, told its family's eos ids as a released
+    generation config lists them."""
+    tokenizer = real_template_tokenizer(name)
+    family = FAMILIES_BY_NAME[dict(KNOWN_TEMPLATES.values())[name]]
+    return certify(tokenizer, model=name, stop_token_ids=family_stop_ids(tokenizer, family), **options)
 
 
 @pytest.mark.parametrize("name", REAL_TEMPLATES)
@@ -64,6 +73,17 @@ def test_a_template_that_strips_thinking_gets_a_note_naming_trls_training_templa
     assert next(check for check in certificates["qwen3_training"].checks if check.name == "thinking").status == OK
 
 
+def test_a_template_that_mangles_a_mappings_call_gets_json_string_arguments(certificates):
+    """Mistral v7 writes `'{"name": "' + name + '", "arguments": ' + (arguments|tojson|safe)`: the markup-safe value turns
+    the concatenation into HTML-escaped text (`{&#34;name&#34;: ...`); from a JSON string it writes the call right."""
+    certificate = certificates["mistral_v7_tekken"]
+    assert certificate.renderer.arguments_as_json and not certificates["mistral_v13_tekken"].renderer.arguments_as_json
+    round_trip = next(check for check in certificate.checks if check.name == "tool call")
+    assert "JSON string" in round_trip.detail and '[TOOL_CALLS][{"name": "Calculator", "arguments": {"query": ' in round_trip.detail
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "abcdefghi", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}
+    assert '{"name": "f", "arguments": {"a": 1}, "id": "abcdefghi"}' in certificate.renderer.render([{"role": "user", "content": "?"}, call])
+
+
 def test_a_parser_that_does_not_read_the_template_names_the_one_that_does():
     certificate = certify(real_template_tokenizer("qwen2_5"), tool_parser="llama3")
     (failure,) = certificate.failures
@@ -84,7 +104,8 @@ def test_a_template_that_raises_on_tool_messages_fails_with_the_error(tokenizer)
                "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     certificate = certify(tokenizer, chat_template=raising)
-    assert certificate.failures[0].name == "append-only" and "no tool role" in certificate.failures[0].detail
+    assert [failure.name for failure in certificate.failures] == ["tool call", "append-only"]  # it drops calls too
+    assert "no tool role" in certificate.failures[1].detail
 
 
 def test_a_reply_closed_by_a_token_generation_does_not_stop_at_fails(tokenizer):
@@ -96,6 +117,41 @@ def test_a_reply_closed_by_a_token_generation_does_not_stop_at_fails(tokenizer):
     (failure,) = certificate.failures
     assert failure.name == "stop token" and failure.fix.startswith("set tokenizer.eos_token = '<|im_end|>'")
     assert certify(tokenizer, stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")]).works
+
+
+@pytest.mark.parametrize("name, token", [("gemma4", "<|tool_response>"), ("gptoss", "<|call|>"), ("glm4moe", "<|observation|>")])
+def test_a_call_turn_generation_would_not_stop_fails_naming_the_token_the_generation_config_needs(name, token):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = real_template_tokenizer(name)
+        certificate = certify(tokenizer, model=name)  # stops at the tokenizer's eos only
+        assert certify_real(name).works
+    (failure,) = certificate.failures
+    assert failure.name == "stop after a call" and "would write the result itself" in failure.detail
+    assert failure.fix.startswith(f"add {token!r} (id {tokenizer.convert_tokens_to_ids(token)}) to generation_config.eos_token_id")
+
+
+def test_a_run_is_checked_with_the_models_generation_config_and_the_runs_eos_ids():
+    from textenv.environment import TextEnvironment
+    from textenv.gym import GymScheduler
+    from textenv.models import tiny_causal_lm
+    from textenv.tools import Calculator
+
+    tokenizer = real_template_tokenizer("gemma4")
+    model = tiny_causal_lm(vocab_size=len(tokenizer))
+    tools = {"Calculator": Calculator()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Gemma 4's template is not append-only: said so
+        with pytest.raises(ValueError, match="stop after a call: .*'<\\|tool_response>'"):
+            TextEnvironment(model, tokenizer, tools, None, "", tool_format="json")
+        ends = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|tool_response>")]
+        assert TextEnvironment(model, tokenizer, tools, None, "", tool_format="json", generation_kwargs={"eos_token_id": ends})._chat_tools
+        model.generation_config.eos_token_id = ends
+        assert TextEnvironment(model, tokenizer, tools, None, "", tool_format="json")._chat_tools.certificate.works
+        assert GymScheduler(model, tokenizer, gym_env="family_drift").chat_tools().certificate.works
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        with pytest.raises(ValueError, match="stop after a call"):
+            GymScheduler(model, tokenizer, gym_env="family_drift").chat_tools()
 
 
 def test_chat_tools_refuses_a_model_that_cannot_work_with_the_verdict():

@@ -32,7 +32,7 @@ from chat_fixtures import real_template
 from family_episodes import (ANSWER, OPENING, QUERIES, QUESTION, SCHEMAS, SECOND, SHARED_TOKENIZER, THINKING, THOUGHT,
                              RecordingCalculator, ScriptedIds, Turn, assert_template_text_between_turns, assert_the_call_ran,
                              assert_trained_as_emitted, encode, gym_episode, recording, scripted_turns, split_a_word,
-                             text_environment_episode, tiny_model, tokenizer_for)
+                             stop_ids, text_environment_episode, tiny_model, tokenizer_for)
 from family_tokenizers import family_of, family_tokenizer, vocabulary_of
 from textenv.chat.renderer import ChatRenderer
 from textenv.chat.tool_chat import ChatTools
@@ -45,7 +45,7 @@ from textenv.gym import GymScheduler
 RUNS = {"qwen2_5": "qwen2_5_training", "qwen3": "qwen3_training", "qwen3_5_think": "qwen3_5_think_training",
         "qwen3_5_nothink": "qwen3_5_nothink_training", "nemotron_3_nano": "nemotron_3_nano_training", "llama3_1": None,
         "llama3_2": None, "gemma4": None, "gemma4_v5": None, "gptoss": "gptoss_training", "mistral_v13_tekken": None,
-        "glm4moe": "glm4moe_training", "lfm2_v2": "lfm2_v2_training", "lfm2_2_5": None}
+        "mistral_v7_tekken": None, "glm4moe": "glm4moe_training", "lfm2_v2": "lfm2_v2_training", "lfm2_2_5": None}
 # How textenv's renderer gave the Gym episode's pieces (`ChatRenderer.deltas_used`' names) where the template rewrites
 # earlier turns: the user message after a reply whose thinking (or empty think block, or GPT-OSS's <|return|>) the
 # template renders differently once a message follows comes "after the reply" (the text after the reply's closing,
@@ -53,16 +53,17 @@ RUNS = {"qwen2_5": "qwen2_5_training", "qwen3": "qwen3_training", "qwen3_5_think
 AFTER_THE_REPLY = {"append", "after the reply"}
 REWRITES = {name: AFTER_THE_REPLY for name in ("qwen3", "qwen3_5_think", "qwen3_5_nothink", "nemotron_3_nano", "gptoss", "glm4moe",
                                                "lfm2_2_5")}
+# Mistral v7 moves the tool list to the last user message: the second question (and the tool list before it) is the
+# text after the reply's closing.
+REWRITES["mistral_v7_tekken"] = AFTER_THE_REPLY
 # TRL's training templates keep the thinking of earlier turns, except these: Nemotron's still truncates it, GLM's
 # still empties it, and GPT-OSS's (generation markers only) still turns the final <|return|> into <|end|>.
 TRAINING_REWRITES = {name: AFTER_THE_REPLY for name in ("nemotron_3_nano", "gptoss", "glm4moe")}
 # Released templates ChatTools refuses, and what the refusal names: five ignore tools= (DeepSeek's, Gemma 3's, the
-# Phis'), the first LFM2 template drops the call, and Mistral v7's writes a mapping's call with its quotes escaped
-# (`{&#34;name&#34;: ...`: Jinja escapes the strings added to `arguments|tojson|safe`), which no parser reads.
+# Phis'), the first LFM2 template drops the call.
 REFUSED = {"deepseek_r1_distill": "ignores tools=", "deepseekv3": "ignores tools=", "gemma3": "ignores tools=",
            "phi3_5": "ignores tools=", "phi4_mini": "ignores tools=",
-           "lfm2": "drops an assistant message's tool_calls",
-           "mistral_v7_tekken": "parser 'mistral' read"}
+           "lfm2": "drops an assistant message's tool_calls"}
 
 
 def template_id(template: str) -> str:
@@ -80,7 +81,7 @@ def test_the_scripts_hold_the_familys_call_and_ids_a_retokenising_loop_would_cha
     tokenizer, chat_template = tokenizer_for(template), real_template(template)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        chat = ChatTools(tokenizer, chat_template=chat_template)
+        chat = ChatTools(tokenizer, chat_template=chat_template, stop_token_ids=stop_ids(template))
     assert chat.certificate.works and chat.certificate.family is family_of(template)
     assert any("not append-only" in str(warning.message) for warning in caught) == (template in REWRITES)
     turns = scripted_turns(template, chat_template, gym=True)
@@ -134,7 +135,7 @@ def test_trls_training_template_trains_what_was_emitted_and_needs_no_stand_in_wh
 def test_a_template_that_drops_or_refuses_tool_messages_is_refused_with_the_reason(template):
     with pytest.raises(ValueError, match="cannot train with JSON tool calls") as refused:
         if template in SHARED_TOKENIZER:  # refused on the round trip of a sample call, whoever passes the template
-            ChatTools(tokenizer_for(template), chat_template=real_template(template))
+            ChatTools(tokenizer_for(template), chat_template=real_template(template), stop_token_ids=stop_ids(template))
         else:  # refused for ignoring tools=: the tokenizer's own template
             ChatTools(family_tokenizer(template))
     assert REFUSED[template] in str(refused.value)
@@ -151,7 +152,7 @@ def test_the_token_a_call_turn_ends_with_is_followed_by_the_template_text_after_
     tokenizer, chat_template = tokenizer_for(template), real_template(template)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GLM's template is not append-only: said so
-        chat = ChatTools(tokenizer, chat_template=chat_template)
+        chat = ChatTools(tokenizer, chat_template=chat_template, stop_token_ids=stop_ids(template))
     transcript = Transcript(chat.renderer_for(SCHEMAS), OPENING, tool_parser=chat.parse)
     _, prompt = transcript.generation_context()
     ids = torch.tensor(scripted_turns(template, chat_template, gym=False)[0].ids)

@@ -18,7 +18,7 @@ from textenv.chat.budget import call_budget
 from textenv.chat.conformance import Conformance, check_conformance
 from textenv.chat.families import Family, recognise_family
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError, Messages
-from textenv.chat.templates import CHATML_TOOLS_TEMPLATE, template_takes_tools, tool_chat_template
+from textenv.chat.templates import CHATML_TOOLS_TEMPLATE, NoToolTemplate, template_takes_tools, tool_chat_template
 from textenv.tools.tool_call_parsers import TOOL_CALL_PARSERS, get_tool_call_parser, parser_for_template
 
 OK, NOTE, FAIL = "ok", "note", "fail"
@@ -32,6 +32,7 @@ SAMPLE_SCHEMA = {
     },
 }
 SAMPLE_ARGUMENT = "(17 + 25) * 3 − √9 ≈ «é»"  # non-ASCII on purpose: templates escape or keep it
+_RESULT = "textenv-tool-result-7f3a"
 
 
 @dataclass
@@ -57,8 +58,9 @@ class Check:
 
 @dataclass
 class Certificate:
-    """What `certify` found: the checks in order, the family, the parser (its name and the function) and the template
-    it used, the conformance and the turn budget."""
+    """What `certify` found: the checks in order, the family, the parser (its name and the function), the text of the
+    template it used and its `renderer` (without tools), the conformance and the
+    turn budget."""
 
     model: str
     checks: List[Check] = field(default_factory=list)
@@ -66,6 +68,7 @@ class Certificate:
     parser_name: Optional[str] = None
     parse: Optional[Callable] = field(default=None, repr=False)
     chat_template: Optional[str] = None
+    renderer: Optional[ChatRenderer] = field(default=None, repr=False)
     conformance: Optional[Conformance] = None
     turn_budget: Optional[int] = None
 
@@ -120,10 +123,12 @@ def certify(
         return certificate
     renderer = renderer.with_tools(schemas)
     _parser_check(certificate, tool_parser)
+    _round_trip_check(certificate, renderer, schemas[0])
     certificate.conformance = check_conformance(renderer)
     _conformance_check(certificate)
-    _round_trip_check(certificate, renderer, schemas[0])
-    _stop_check(certificate, tokenizer, renderer, set(stop_token_ids))
+    stops = set(stop_token_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    _stop_check(certificate, tokenizer, renderer, stops)
+    _call_stop_check(certificate, tokenizer, renderer, schemas[0], stops)
     _thinking_check(certificate, renderer)
     if certificate.works:
         certificate.turn_budget = call_budget(renderer, schemas)
@@ -138,8 +143,8 @@ def _template_checks(certificate: Certificate, tokenizer, chat_template: Optiona
         return None
     try:
         chosen = tool_chat_template(tokenizer, chat_template)
-    except ValueError as error:
-        certificate.checks.append(Check("template", FAIL, str(error).split(". Pass")[0], "--chat_template FILE (a Jinja template that renders tools)"))
+    except NoToolTemplate as error:
+        certificate.checks.append(Check("template", FAIL, error.reason, "--chat_template FILE (a Jinja template that renders tools)"))
         return None
     certificate.chat_template = chosen or tokenizer.chat_template
     if chat_template and not template_takes_tools(tokenizer, chat_template):
@@ -156,10 +161,10 @@ def _template_checks(certificate: Certificate, tokenizer, chat_template: Optiona
         certificate.family, family = None, "ChatML, with textenv's Hermes tool calls"
     certificate.checks.append(Check("template", OK, f"{source}; family: {family}"))
     try:
-        return ChatRenderer(tokenizer, chat_template=chosen)
+        certificate.renderer = ChatRenderer(tokenizer, chat_template=chosen)
     except ChatTemplateError as error:
         certificate.checks.append(Check("template", FAIL, str(error), "--chat_template FILE"))
-        return None
+    return certificate.renderer
 
 
 def _parser_check(certificate: Certificate, tool_parser) -> None:
@@ -188,34 +193,55 @@ def _conformance_check(certificate: Certificate) -> None:
 
 
 def _round_trip_check(certificate: Certificate, renderer: ChatRenderer, schema: dict) -> None:
-    """A sample call rendered as the template writes it, then read back by the parser."""
-    name = schema.get("function", schema)["name"]
-    arguments = sample_arguments(schema)
-    question: Messages = [{"role": "user", "content": "What is (17 + 25) * 3?"}]
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call0a1b2", "type": "function", "function": {"name": name, "arguments": copy.deepcopy(arguments)}}]}
+    """A sample call rendered as the template writes it, then read back by the parser. A template that writes the call
+    right only from arguments given as a JSON string (Mistral v7's ``'...' + (arguments|tojson|safe)`` HTML-escapes
+    the text around a mapping) gets them so from then on: `ChatRenderer.arguments_as_json`."""
+    question, call = sample_call(schema)
+    name, arguments = call["tool_calls"][0]["function"]["name"], sample_arguments(schema)
     try:
-        written = renderer.added_text(question, [call])
-        written = written[len(renderer.generation_prompt(question)):] if written.startswith(renderer.generation_prompt(question)) else written
-        suffix = renderer.assistant_suffix(question)
+        written = _written_call(renderer, question, call)
     except Exception as error:  # noqa: BLE001 - a template that cannot render a call is the finding
         certificate.checks.append(Check("tool call", FAIL, f"the template cannot render an assistant tool call ({type(error).__name__}: {error})",
                                         "--chat_template FILE (one that renders tool_calls)"))
         return
-    if suffix and written.endswith(suffix):
-        written = written[: -len(suffix)]
     if name not in written:
         certificate.checks.append(Check("tool call", FAIL, "the template drops an assistant message's tool_calls (the call is not in its text)",
                                         "--chat_template FILE (one that renders tool_calls; TRL ships training templates for many families)"))
         return
-    parsed = certificate.parse(written)
-    if [(c.name, c.arguments) for c in parsed.calls] == [(name, arguments)]:
+    read = [(c.name, c.arguments) for c in certificate.parse(written).calls]
+    if read != [(name, arguments)] and not renderer.arguments_as_json:
+        renderer.arguments_as_json = True
+        as_json = _written_call(renderer, question, call)
+        if [(c.name, c.arguments) for c in certificate.parse(as_json).calls] == [(name, arguments)]:
+            certificate.renderer.arguments_as_json = True
+            certificate.checks.append(Check("tool call", OK, f"read back by {certificate.parser_name!r} from arguments given as a JSON string, as textenv "
+                                            f"gives them to this template (it mangles a mapping's call): {as_json.strip()!r}"))
+            return
+        renderer.arguments_as_json = False
+    if read == [(name, arguments)]:
         certificate.checks.append(Check("tool call", OK, f"a call rendered by the template and read back by {certificate.parser_name!r}: {written.strip()!r}"))
         return
     readers = [other for other, parse in TOOL_CALL_PARSERS.items() if [(c.name, c.arguments) for c in parse(written).calls] == [(name, arguments)]]
     fix = f"--tool_parser {readers[0]}" if readers else "--tool_parser with a callable text -> ParsedTurn (no built-in parser reads it)"
-    found = [(c.name, c.arguments, c.error) for c in parsed.calls]
+    found = [(c.name, c.arguments, c.error) for c in certificate.parse(written).calls]
     certificate.checks.append(Check("tool call", FAIL, f"parser {certificate.parser_name!r} read {found} from the template's call {written.strip()!r}", fix))
+
+
+def _written_call(renderer: ChatRenderer, question: Messages, call: dict) -> str:
+    """What the template writes for `call` after `question`'s generation prompt, without the closing of a reply."""
+    written = renderer.added_text(question, [call])
+    prompt = renderer.generation_prompt(question)
+    written = written[len(prompt):] if written.startswith(prompt) else written
+    suffix = renderer.assistant_suffix(question)
+    return written[: -len(suffix)] if suffix and written.endswith(suffix) else written
+
+
+def sample_call(schema: dict) -> tuple[Messages, dict]:
+    """A question and an assistant message calling `schema`'s tool with `sample_arguments` (call id of 9 characters,
+    as Mistral's v7 template requires)."""
+    function = {"name": schema.get("function", schema)["name"], "arguments": sample_arguments(schema)}
+    question: Messages = [{"role": "user", "content": "What is (17 + 25) * 3?"}]
+    return question, {"role": "assistant", "content": "", "tool_calls": [{"id": "call0a1b2", "type": "function", "function": function}]}
 
 
 SAMPLE_VALUES = {"integer": 42, "number": 2.5, "boolean": True, "array": [1, "two"], "object": {"nested": ["é", 1]}, "null": None}
@@ -225,15 +251,14 @@ def sample_arguments(schema: dict) -> dict:
     """One value per parameter of `schema`, of its JSON type (a non-ASCII string where the type is a string or not
     given)."""
     properties = (schema.get("function", schema).get("parameters") or {}).get("properties") or {}
-    return {name: SAMPLE_VALUES.get(spec.get("type"), SAMPLE_ARGUMENT) if isinstance(spec, dict) else SAMPLE_ARGUMENT
+    return {name: copy.deepcopy(SAMPLE_VALUES.get(spec.get("type"), SAMPLE_ARGUMENT)) if isinstance(spec, dict) else SAMPLE_ARGUMENT
             for name, spec in properties.items()}
 
 
-def _stop_check(certificate: Certificate, tokenizer, renderer: ChatRenderer, stop_token_ids: set) -> None:
-    """The text closing a reply must start with a token generation stops at."""
+def _stop_check(certificate: Certificate, tokenizer, renderer: ChatRenderer, stops: set) -> None:
+    """The text closing a reply must start with a token generation stops at (`stops`: the eos ids)."""
     suffix = renderer.assistant_suffix([{"role": "user", "content": "?"}])
     ids = renderer.encode(suffix).tolist()
-    stops = set(stop_token_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     if ids and ids[0] in stops:
         certificate.checks.append(Check("stop token", OK, f"a reply ends at {tokenizer.convert_ids_to_tokens(ids[0])!r} (id {ids[0]}), which ends generation"))
         return
@@ -244,6 +269,34 @@ def _stop_check(certificate: Certificate, tokenizer, renderer: ChatRenderer, sto
     certificate.checks.append(Check("stop token", FAIL,
                                     f"the template closes a reply with {closing!r}, but generation stops only at {sorted(stops)}",
                                     f"set tokenizer.eos_token = {closing!r} (or add its id to generation_config.eos_token_id)"))
+
+
+def _call_stop_check(certificate: Certificate, tokenizer, renderer: ChatRenderer, schema: dict, stops: set) -> None:
+    """After a tool call, generation must stop before the template's text for the tool's result: a model that writes
+    on would invent the result itself. Gemma 4 ends a call turn at ``<|tool_response>``, GPT-OSS at ``<|call|>``,
+    GLM-4.5 at the ``<|observation|>`` that opens the result; only their generation configs list those ids."""
+    if not certificate.works:
+        return
+    question, call = sample_call(schema)
+    result = {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "name": call["tool_calls"][0]["function"]["name"], "content": _RESULT}
+    try:
+        text = renderer.added_text(question, [call, result])
+    except ChatTemplateError as error:
+        certificate.checks.append(Check("stop after a call", NOTE, f"not checked: {error}"))
+        return
+    prompt = renderer.generation_prompt(question)
+    before_result = text[len(prompt) if text.startswith(prompt) else 0 : text.find(_RESULT)]
+    ids = renderer.encode(before_result).tolist()
+    stop = next((token for token in ids if token in stops), None)
+    if stop is not None:
+        certificate.checks.append(Check("stop after a call", OK, f"a call turn ends at {tokenizer.convert_ids_to_tokens(stop)!r} (id {stop}), which ends generation"))
+        return
+    ends = [token for token in (certificate.family.stop if certificate.family else ()) if token in before_result]
+    named = ", ".join(f"{token!r} (id {tokenizer.convert_tokens_to_ids(token)})" for token in ends) or "the token that ends a call turn"
+    certificate.checks.append(Check("stop after a call", FAIL,
+                                    f"after a call the template writes {before_result[-40:]!r} before the tool's result, but generation stops at "
+                                    f"none of its tokens (only at {sorted(stops)}): the model would write the result itself",
+                                    f"add {named} to generation_config.eos_token_id (or generation_kwargs' eos_token_id)"))
 
 
 def _thinking_check(certificate: Certificate, renderer: ChatRenderer) -> None:

@@ -69,12 +69,25 @@ def template_takes_tools(tokenizer, chat_template: Optional[str] = None) -> bool
     return _PROBE_TOOL["function"]["name"] in text
 
 
+class NoToolTemplate(ValueError):
+    """The tokenizer's template cannot describe tools and textenv has none for it.
+
+    Attributes:
+        reason (`str`): what is wrong.
+        fix (`str`): what to pass instead.
+    """
+
+    def __init__(self, reason: str, fix: str):
+        super().__init__(f"{reason}. {fix}.")
+        self.reason, self.fix = reason, fix
+
+
 def tool_chat_template(tokenizer, chat_template: Optional[str] = None) -> Optional[str]:
     """The template to render tool conversations with: `chat_template` if given, `None` (the
     tokenizer's own) if that takes tools, else `CHATML_TOOLS_TEMPLATE` for a ChatML tokenizer.
 
     Raises:
-        ValueError: the tokenizer's template takes no tools and is not ChatML.
+        NoToolTemplate: the tokenizer's template takes no tools and is not ChatML.
     """
     if chat_template is not None:
         return chat_template
@@ -83,10 +96,10 @@ def tool_chat_template(tokenizer, chat_template: Optional[str] = None) -> Option
         return None
     if own and "<|im_start|>" in own and "<|im_start|>" in getattr(tokenizer, "get_vocab", dict)():
         return CHATML_TOOLS_TEMPLATE
-    raise ValueError(
+    raise NoToolTemplate(
         "tool_format='json' describes tools through the chat template, but the tokenizer's template ignores "
-        "tools= and is not ChatML (textenv ships a tool template for ChatML only). Pass chat_template= with a "
-        "template that renders `tools`."
+        "tools= and is not ChatML (textenv ships a tool template for ChatML only)",
+        "Pass chat_template= (--chat_template FILE) with a template that renders `tools`",
     )
 
 

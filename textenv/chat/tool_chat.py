@@ -6,13 +6,12 @@ import functools
 import inspect
 import json
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from textenv.chat.budget import call_budget
 from textenv.chat.certificate import Certificate, certify
 from textenv.chat.conformance import Conformance
 from textenv.chat.renderer import ChatRenderer
-from textenv.chat.templates import tool_chat_template
 
 
 class ChatTools:
@@ -24,18 +23,21 @@ class ChatTools:
             tokenizer's when it takes `tools=`, else textenv's tool-aware ChatML template).
         tool_parser (`str` or `Callable`, *optional*): `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or
             ``parser(text) -> ParsedTurn``; default: the format the template writes.
+        stop_token_ids (`Iterable[int]`): the ids generation stops at besides the tokenizer's eos (the model's
+            generation config and the run's ``eos_token_id``; `textenv.engine.sampling.end_token_ids`).
 
     Attributes:
         conformance (`Conformance`): whether the template renders turn by turn append-only (checked once,
             at construction; a warning says so when it does not).
     """
 
-    def __init__(self, tokenizer, chat_template: Optional[str] = None, tool_parser=None):
-        self.certificate: Certificate = certify(tokenizer, chat_template=chat_template, tool_parser=tool_parser)
+    def __init__(self, tokenizer, chat_template: Optional[str] = None, tool_parser=None, stop_token_ids: Iterable[int] = ()):
+        self.certificate: Certificate = certify(tokenizer, chat_template=chat_template, tool_parser=tool_parser,
+                                                stop_token_ids=stop_token_ids)
         if not self.certificate.works:
             raise ValueError(self.certificate.verdict())
-        self.chat_template = tool_chat_template(tokenizer, chat_template)
-        self.renderer = ChatRenderer(tokenizer, chat_template=self.chat_template)
+        self.renderer: ChatRenderer = self.certificate.renderer
+        self.chat_template = self.renderer.chat_template
         self.parser_name = self.certificate.parser_name if isinstance(tool_parser, (str, type(None))) else None
         self.parse = self.certificate.parse
         self.conformance: Conformance = self.certificate.conformance

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from textenv.engine.unwrapping import unwrap_model
+
 # transformers' defaults for what a generation config leaves unset.
 _DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 # Keys that do not change which tokens are generated (or that the engine handles itself).
@@ -146,6 +148,13 @@ class RandomStream:
     def spawn(self, index: int) -> "RandomStream":
         """An independent stream for item `index` of this one's (e.g. the episodes of a run)."""
         return RandomStream(splitmix64(self.seed ^ splitmix64(index)))
+
+
+def end_token_ids(model: Any, generation_kwargs: dict) -> set[int]:
+    """The ids a turn of `model` ends at besides the tokenizer's eos: `eos_token_id` of `generation_kwargs` over the
+    model's generation config (negative ids ignored; `model` may be `None`, a wrapped or a value-head model)."""
+    generation_config = getattr(unwrap_model(model), "generation_config", None) if model is not None else None
+    return _positive_ids(_merged(generation_config, generation_kwargs).get("eos_token_id"))
 
 
 def _positive_ids(value: Any) -> set[int]:

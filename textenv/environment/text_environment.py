@@ -30,6 +30,7 @@ from textenv.checks import check_positive_int, check_prompt, check_queries, reso
 from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, build_engine
 from textenv.engine.engine import model_device, unwrap_model
 from textenv.engine.fast_path import DecodingPath
+from textenv.engine.sampling import end_token_ids
 from textenv.episodes.driver import MAX_TURNS, Episode, StopRule, play_all
 from textenv.episodes.lockstep import LockstepGenerator
 from textenv.logs import progress_bar
@@ -155,7 +156,9 @@ class TextEnvironment(EndingAndRewards):
             engine, model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision,
             vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs,
         )
-        self._chat_tools = ChatTools(tokenizer, chat_template, tool_parser) if tool_format == "json" else None
+        self._chat_tools = None
+        if tool_format == "json":
+            self._chat_tools = ChatTools(tokenizer, chat_template, tool_parser, stop_token_ids=end_token_ids(model, self.generation_kwargs))
 
     # ------------------------------------------------------------------ episodes
     def run(self, queries: Sequence[str], **rewards_kwargs) -> tuple[list, list, list, list, list[TextHistory]]:

@@ -24,6 +24,7 @@ from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, build_engine
 from textenv.engine.engine import Completion
 from textenv.engine.fast_path import DecodingPath
 from textenv.engine.precision import autocast_dtype
+from textenv.engine.sampling import end_token_ids
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
 from textenv.gym.completions import CompletionsLog
@@ -227,7 +228,8 @@ class GymScheduler:
     def chat_tools(self) -> ChatTools:
         """The template and parser for envs with JSON tool calls (set up, and checked, at the first use)."""
         if self._chat_tools is None:
-            self._chat_tools = ChatTools(self.tokenizer, self.chat_template, self.tool_parser)
+            ends = end_token_ids(self.model, self.generation_kwargs)
+            self._chat_tools = ChatTools(self.tokenizer, self.chat_template, self.tool_parser, stop_token_ids=ends)
         return self._chat_tools
 
     # ------------------------------------------------------------------ generation
