@@ -49,6 +49,16 @@ def test_several_calls_in_one_turn_are_answered_in_order():
     assert records[1].as_dict() == {"id": "call00001", "name": "Calculator", "arguments": {"query": "4*5"}, "result": "20", "error": None}
 
 
+def test_a_call_keeps_the_id_its_model_wrote_when_a_template_would_take_it():
+    from textenv.tools.call_formats import parse_mistral
+    from textenv.tools.json_calls import openai_tool_calls
+
+    written = ('[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "aB3dE6gH9"}, {"name": "f", "arguments": {}, "id": "aB3dE6gH9"}, '
+               '{"name": "f", "arguments": {}, "id": "short"}, {"name": "f", "arguments": {}}]')
+    assert [call["id"] for call in openai_tool_calls(parse_mistral(written).calls, first_index=4)] == [
+        "aB3dE6gH9", "call00005", "call00006", "call00007"]
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

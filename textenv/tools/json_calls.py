@@ -45,11 +45,14 @@ def call_id(index: int) -> str:
 def openai_tool_calls(calls: list[ToolCall], first_index: int = 0) -> list[dict]:
     """Parsed calls in the chat-template form ``{"id", "type": "function", "function": {"name",
     "arguments"}}``; a call that could not be read keeps its raw text as a string `arguments`, an empty
-    name and the reason under ``"error"``, so the answer can say what was wrong."""
+    name and the reason under ``"error"``, so the answer can say what was wrong. A call keeps the id its model
+    wrote (Mistral's) when that is nine letters and digits and new in the turn; others get `call_id`."""
     converted = []
     for offset, call in enumerate(calls):
         function = {"name": call.name or "", "arguments": call.arguments if call.error is None else call.text}
-        converted.append({"id": call_id(first_index + offset), "type": "function", "function": function})
+        own = call.id if call.id and len(call.id) == 9 and call.id.isalnum() and call.id.isascii() else None
+        identifier = own if own and own not in {entry["id"] for entry in converted} else call_id(first_index + offset)
+        converted.append({"id": identifier, "type": "function", "function": function})
         if call.error is not None:
             converted[-1]["error"] = call.error
     return converted
