@@ -191,3 +191,23 @@ def test_stand_in_keeps_system_and_the_last_user_turn():
     assert [message["role"] for message in short] == ["system", "user", "assistant"]
     assert short[1]["content"] == "u2" and "think" not in short[2]["content"] and len(short[2]["tool_calls"]) == 1
     assert len(messages[4]["tool_calls"]) == 2  # the real conversation is not modified
+
+
+def test_the_render_cache_gives_what_the_template_renders_for_the_messages_as_they_are_now(bundled_tokenizer, monkeypatch):
+    from textenv.chat import renderer as renderer_module
+
+    renderer = ChatRenderer(bundled_tokenizer, chat_template=CHATML_TOOLS_TEMPLATE).with_tools([tool_schema("Calculator", Calculator())])
+    conversation = [{"role": "user", "content": "What is 17+25?"}]
+    first = renderer.render(conversation, add_generation_prompt=True)
+    assert renderer.render(conversation, add_generation_prompt=True) is first  # kept
+    conversation[0]["content"] = "What is 4*5?"  # the same list, changed: a new render
+    changed = renderer.render(conversation, add_generation_prompt=True)
+    assert "4*5" in changed and "17+25" not in changed
+    assert renderer.render(conversation, tools=None) == bundled_tokenizer.apply_chat_template(
+        conversation, tokenize=False, chat_template=CHATML_TOOLS_TEMPLATE)  # without tools: not the tools' render
+    not_json = [{"role": "user", "content": "What is 6*7?", "attachment": object()}]
+    assert renderer.render(not_json) == renderer.render(not_json) and len(renderer._rendered) == 3  # rendered, not kept
+    monkeypatch.setattr(renderer_module, "RENDER_CACHE_SIZE", 2)
+    for question in ("a", "b", "c"):
+        renderer.render([{"role": "user", "content": question}])
+    assert len(renderer._rendered) == 2

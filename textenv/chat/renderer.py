@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import weakref
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -25,6 +26,7 @@ Messages = List[Message]
 
 _SENTINEL = "\u2063TEXTENV-CONTENT\u2063"
 _PLACEHOLDER = "\u2063"
+RENDER_CACHE_SIZE = 256  # a few renders per episode in flight (a Gym run's episodes share one renderer)
 
 
 class ChatTemplateError(ValueError):
@@ -53,17 +55,37 @@ class ChatRenderer:
         self.eos_text: Optional[str] = tokenizer.eos_token
         self.arguments_as_json = False  # set when the template refuses tool-call arguments given as a mapping
         self._deltas_used: Dict[str, int] = {}
+        self._rendered: Dict[tuple, str] = {}  # render key -> text, oldest first
+        self._cache_lock = threading.Lock()
 
     def with_tools(self, tools: Optional[List[dict]]) -> "ChatRenderer":
         """A renderer of the same tokenizer and template that describes `tools` to the model."""
         renderer = copy.copy(self)
         renderer.tools = list(tools) if tools else None
         renderer._deltas_used = {}
+        renderer._rendered, renderer._cache_lock = {}, threading.Lock()
         return renderer
 
     def render(self, messages: Messages, add_generation_prompt: bool = False, tools: Any = "default") -> str:
         """The template's text for `messages` (with this renderer's tools unless `tools` is given). A template that
-        takes tool-call arguments only as a JSON string (DeepSeek V3's) gets them so, from its first refusal on."""
+        takes tool-call arguments only as a JSON string (DeepSeek V3's) gets them so, from its first refusal on.
+        The last `RENDER_CACHE_SIZE` renders are kept: a turn renders its conversation several times (the
+        generation prompt, the reply's closing, the next message's delta)."""
+        try:
+            key = (json.dumps(messages), add_generation_prompt, tools == "default" or json.dumps(tools), self.arguments_as_json)
+        except (TypeError, ValueError):  # not JSON (an image, a tensor): its text is no key for its content
+            return self._render_uncached(messages, add_generation_prompt, tools)
+        with self._cache_lock:
+            text = self._rendered.get(key)
+        if text is None:
+            text = self._render_uncached(messages, add_generation_prompt, tools)
+            with self._cache_lock:
+                self._rendered[key] = text
+                while len(self._rendered) > RENDER_CACHE_SIZE:
+                    self._rendered.pop(next(iter(self._rendered)))
+        return text
+
+    def _render_uncached(self, messages: Messages, add_generation_prompt: bool, tools: Any) -> str:
         if self.arguments_as_json:
             return self._render(with_json_arguments(messages), add_generation_prompt, tools)
         try:
