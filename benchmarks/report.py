@@ -314,6 +314,22 @@ def _gym_row(label: str, naive: list[dict], scheduler: list[dict], text_env: lis
     ]
 
 
+TRANSFORMERS_CB = "transformers-cb"  # gym_side.py's naive loop on transformers' continuous batching
+TRANSFORMERS_CB_HEADER = ["episodes x turns, env", "runs per side", "naive loop (generate) s", "transformers continuous batching s",
+                          "GymScheduler s", "GymScheduler / continuous batching", "episodes with equal replies (batching / naive, Gym / batching)"]
+
+
+def transformers_cb_table(results: dict, episodes: int, turns: int) -> str:
+    """The naive per-turn loop with `generate` and with transformers' continuous batching (`generate_batch`), against
+    GymScheduler on the same episodes: median seconds, textenv's speed-up on the batching loop, equal replies."""
+    naive, batching, scheduler = (results[mode] for mode in ("naive", TRANSFORMERS_CB, "scheduler"))
+    seconds = {mode: median([run["seconds"] for run in runs]) for mode, runs in (("naive", naive), ("cb", batching), ("gym", scheduler))}
+    row = [f"{episodes} x {turns}, {results.get('script', 'chat')}", min(len(naive), len(batching), len(scheduler)),
+           seconds["naive"], seconds["cb"], seconds["gym"], f"**{ratio(seconds['cb'], seconds['gym']):.2f}x**",
+           f"{_equal_episodes(batching, naive)}, {_equal_episodes(scheduler, batching)}"]
+    return markdown_table(TRANSFORMERS_CB_HEADER, [row])
+
+
 def _replies(results: list[dict]) -> list:
     return results[0]["replies"]
 

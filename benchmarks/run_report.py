@@ -132,6 +132,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             parts += [report.gym_table(raw["gym"], *shape), ""]
         if GYM_CLIENT_LOOP in raw["gym"]:
             parts += [vllm_bench.client_loop_table(raw["gym"], *shape), ""]
+        if all(mode in raw["gym"] for mode in ("naive", "scheduler", report.TRANSFORMERS_CB)):
+            parts += [report.transformers_cb_table(raw["gym"], *shape), ""]
     if GRPO_WORKLOAD in raw:
         parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.sides_of(raw[GRPO_WORKLOAD]))), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
@@ -143,7 +145,8 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes] if notes else []
     decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:
-        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive", GYM_CLIENT_LOOP) if mode in raw["gym"]})
+        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive", report.TRANSFORMERS_CB, GYM_CLIENT_LOOP)
+                        if mode in raw["gym"]})
     if decoded:
         parts += ["", "What decoded the turns:", ""] + [f"- {line}" for line in report.path_lines(decoded)]
     if "vllm" in raw:

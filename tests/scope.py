@@ -53,6 +53,7 @@ VERSION_INDEPENDENT = {
     "test_benchmark_flops.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_grpo.py": "benchmark scripts: measured on the newest releases (TRL 1.16's GRPOTrainer)",
     "test_benchmark_paths.py": "benchmark scripts: measured on the newest releases",
+    "test_benchmark_transcript.py": "benchmark scripts: measured on the newest releases",
     "test_benchmark_vllm.py": "benchmark scripts: measured on the newest releases",
     "test_notebooks.py": END_TO_END,
     "test_examples.py": END_TO_END,

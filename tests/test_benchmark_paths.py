@@ -44,8 +44,26 @@ def test_gym_modes_record_what_decoded_their_turns(tiny_model_folder):
     assert table.splitlines()[2].endswith(f"| {LOOP} / {LOOP} |")
 
 
+def test_the_transformers_continuous_batching_loop_plays_every_turn_and_says_so(tiny_model_folder):
+    result = gym_side("transformers-cb", tiny_model_folder)
+    assert result["decoding_path"].startswith("transformers' continuous batching (model.generate_batch")
+    assert result["turns"] == 4 and all(len(replies) == 2 for replies in result["replies"])
+    assert all(1 <= len(reply) <= 3 for replies in result["replies"] for reply in replies)
+
+
 def test_a_fallback_is_printed_with_its_reason():
     fallback = f"{GENERATE} (its cache has DynamicSlidingWindowLayer layers)"
     runs = {"rollout": [{"decoding_path": fallback}], "turns": [{"decoding_path": LOOP}], "ppo-step": [{}]}
     assert report.path_label(runs["rollout"]) == GENERATE
     assert report.path_lines(runs) == [f"rollout: {fallback}", f"turns: {LOOP}"]
+
+
+def test_the_continuous_batching_table_puts_the_medians_side_by_side():
+    def runs(*seconds, replies=((1, 2), (3,))):
+        return [{"seconds": value, "replies": [list(map(list, [reply])) for reply in replies]} for value in seconds]
+
+    results = {"naive": runs(10.0, 12.0, 11.0), report.TRANSFORMERS_CB: runs(16.0, 15.0, 17.0, replies=((1, 2), (4,))),
+               "scheduler": runs(6.0, 5.0, 7.0), "script": "chat"}
+    header, _, row = report.transformers_cb_table(results, episodes=2, turns=1).splitlines()
+    assert header.startswith("| episodes x turns, env | runs per side | naive loop (generate) s | transformers continuous batching s")
+    assert row == "| 2 x 1, chat | 3 | 11 | 16 | 6 | **2.67x** | 1/2, 1/2 |"
