@@ -200,3 +200,15 @@ def test_the_your_model_page_shows_what_the_command_prints(capsys):
     shown = page.split("```text\n", 1)[1].split("```", 1)[0]
     assert main(["check-model", "bundled"]) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_a_template_that_drops_tool_results_is_not_checked_for_the_stop_after_a_call(tokenizer):
+    from textenv.chat.templates import CHATML_TOOLS_TEMPLATE
+
+    hidden = CHATML_TOOLS_TEMPLATE.replace("'\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>'", "'\\n<tool_response/>'")
+    assert hidden != CHATML_TOOLS_TEMPLATE
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        certificate = certify(tokenizer, chat_template=hidden)
+    check = next(check for check in certificate.checks if check.name == "stop after a call")
+    assert check.status == NOTE and "does not write a tool result's content" in check.detail

@@ -284,8 +284,11 @@ def _call_stop_check(certificate: Certificate, tokenizer, renderer: ChatRenderer
     except ChatTemplateError as error:
         certificate.checks.append(Check("stop after a call", NOTE, f"not checked: {error}"))
         return
+    if _RESULT not in text:  # without the result's place there is nothing to check against
+        certificate.checks.append(Check("stop after a call", NOTE, "not checked: the template does not write a tool result's content"))
+        return
     prompt = renderer.generation_prompt(question)
-    before_result = text[len(prompt) if text.startswith(prompt) else 0 : text.find(_RESULT)]
+    before_result = text[len(prompt) if text.startswith(prompt) else 0 : text.index(_RESULT)]
     ids = renderer.encode(before_result).tolist()
     stop = next((token for token in ids if token in stops), None)
     if stop is not None:
