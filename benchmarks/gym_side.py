@@ -302,7 +302,7 @@ def _result(seconds: float, replies: list[list[list[int]]], path: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", required=True, choices=["scheduler", "naive", "transformers-cb", "text-env", "client-loop", "vllm-loop"])
+    parser.add_argument("--mode", required=True, choices=["scheduler", "scheduler-transformers", "naive", "transformers-cb", "text-env", "client-loop", "vllm-loop"])
     parser.add_argument("--model-path", default=None, help="default: the bundled model")
     parser.add_argument("--script", choices=sorted(SCRIPTS), default="chat", help="the env's prompts (default: chat)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="tokens per model turn (default: %(default)s)")
@@ -315,8 +315,8 @@ def main() -> None:
                         help="scheduler / text-env: decode on vLLM colocated in this process, in this dtype; vllm-loop: its dtype")
     parser.add_argument("--vllm-pid", type=int, default=None, help="the vLLM server's process group: its CPU time over the timed run is recorded")
     args = parser.parse_args()
-    if args.vllm_url and args.mode in ("naive", "transformers-cb"):
-        parser.error("--vllm-url is for the scheduler, text-env and client-loop modes (the naive loops call transformers)")
+    if args.vllm_url and args.mode in ("naive", "transformers-cb", "scheduler-transformers"):
+        parser.error("--vllm-url is for the scheduler, text-env and client-loop modes (the naive loops and scheduler-transformers call transformers)")
     if args.mode == "client-loop" and not args.vllm_url:
         parser.error("--mode client-loop needs --vllm-url (the server it sends its requests to)")
     global SCRIPT, MAX_NEW_TOKENS
@@ -349,6 +349,7 @@ def main() -> None:
         return
     with vllm_bench.prepared_engine(args.vllm_url, model, tokenizer) if args.vllm_url else contextlib.nullcontext("textenv") as engine:
         runner = {"scheduler": partial(run_scheduler, engine=engine), "naive": run_naive, "transformers-cb": run_transformers_cb,
+                  "scheduler-transformers": partial(run_scheduler, engine="transformers"),
                   "text-env": partial(run_text_env, engine=engine)}[args.mode]
         runner(model, tokenizer, 2, 1)  # warm-up
         if args.device.startswith("cuda"):

@@ -295,8 +295,8 @@ def gym_table(results: dict, episodes: int, turns: int) -> str:
         rows.append(_gym_row(f"{label} on vLLM", naive, on_vllm, text_env_on_vllm))
         checks += (
             f"\n\ngym on vLLM: episodes whose every reply's token ids equal, GymScheduler on vLLM against the in-process "
-            f"GymScheduler: {_equal_episodes(on_vllm, scheduler)}, against the naive loop: {_equal_episodes(on_vllm, naive)}; "
-            f"TextEnvironment on vLLM against GymScheduler on vLLM: {_equal_episodes(text_env_on_vllm, on_vllm)}."
+            f"GymScheduler: {equal_episodes(on_vllm, scheduler)}, against the naive loop: {equal_episodes(on_vllm, naive)}; "
+            f"TextEnvironment on vLLM against GymScheduler on vLLM: {equal_episodes(text_env_on_vllm, on_vllm)}."
         )
     return markdown_table(GYM_HEADER, rows) + "\n\n" + checks
 
@@ -314,27 +314,11 @@ def _gym_row(label: str, naive: list[dict], scheduler: list[dict], text_env: lis
     ]
 
 
-TRANSFORMERS_CB = "transformers-cb"  # gym_side.py's naive loop on transformers' continuous batching
-TRANSFORMERS_CB_HEADER = ["episodes x turns, env", "runs per side", "naive loop (generate) s", "transformers continuous batching s",
-                          "GymScheduler s", "GymScheduler / continuous batching", "episodes with equal replies (batching / naive, Gym / batching)"]
-
-
-def transformers_cb_table(results: dict, episodes: int, turns: int) -> str:
-    """The naive per-turn loop with `generate` and with transformers' continuous batching (`generate_batch`), against
-    GymScheduler on the same episodes: median seconds, textenv's speed-up on the batching loop, equal replies."""
-    naive, batching, scheduler = (results[mode] for mode in ("naive", TRANSFORMERS_CB, "scheduler"))
-    seconds = {mode: median([run["seconds"] for run in runs]) for mode, runs in (("naive", naive), ("cb", batching), ("gym", scheduler))}
-    row = [f"{episodes} x {turns}, {results.get('script', 'chat')}", min(len(naive), len(batching), len(scheduler)),
-           seconds["naive"], seconds["cb"], seconds["gym"], f"**{ratio(seconds['cb'], seconds['gym']):.2f}x**",
-           f"{_equal_episodes(batching, naive)}, {_equal_episodes(scheduler, batching)}"]
-    return markdown_table(TRANSFORMERS_CB_HEADER, [row])
-
-
 def _replies(results: list[dict]) -> list:
     return results[0]["replies"]
 
 
-def _equal_episodes(results: list[dict], reference: list[dict]) -> str:
+def equal_episodes(results: list[dict], reference: list[dict]) -> str:
     """`"equal/episodes"`: episodes of the first runs whose replies all have the same token ids."""
     pairs = list(zip(_replies(results), _replies(reference)))
     return f"{sum(a == b for a, b in pairs)}/{len(pairs)}"

@@ -7,6 +7,7 @@ import argparse
 import os
 import platform
 
+import engines_report
 import grpo_bench
 import report
 import vllm_bench
@@ -132,8 +133,10 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
             parts += [report.gym_table(raw["gym"], *shape), ""]
         if GYM_CLIENT_LOOP in raw["gym"]:
             parts += [vllm_bench.client_loop_table(raw["gym"], *shape), ""]
-        if all(mode in raw["gym"] for mode in ("naive", "scheduler", report.TRANSFORMERS_CB)):
-            parts += [report.transformers_cb_table(raw["gym"], *shape), ""]
+        if all(mode in raw["gym"] for mode in ("naive", "scheduler", engines_report.TRANSFORMERS_CB)):
+            parts += [engines_report.transformers_cb_table(raw["gym"], *shape), ""]
+        if "naive" in raw["gym"] and sum(mode in raw["gym"] for mode in engines_report.BACKEND_SIDES) >= 3:
+            parts += [f"The generation paths on {shape[0]} x {shape[1]} Gym episodes:", "", engines_report.backends_table(raw["gym"]), ""]
     if GRPO_WORKLOAD in raw:
         parts += [report.cpu_line(*(raw[GRPO_WORKLOAD][side] for side in grpo_bench.sides_of(raw[GRPO_WORKLOAD]))), "", *grpo_bench.render(raw[GRPO_WORKLOAD]), ""]
     for side in ("textenv", "vllm"):
@@ -145,7 +148,7 @@ def render(raw: dict, repeats: int, args: argparse.Namespace) -> str:
     parts += ["Same outputs:", ""] + [f"- {note}" for note in notes] if notes else []
     decoded = {name + ON_VLLM.get(side, ""): raw[name][side] for name in ("rollout", "turns") if name in raw for side in ("textenv", "vllm") if side in raw[name]}
     if "gym" in raw:
-        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive", report.TRANSFORMERS_CB, GYM_CLIENT_LOOP)
+        decoded.update({f"gym {mode}": raw["gym"][mode] for mode in ("scheduler", "text-env", *GYM_VLLM_MODES, "naive", engines_report.TRANSFORMERS_CB, engines_report.TRANSFORMERS_BACKEND, GYM_CLIENT_LOOP)
                         if mode in raw["gym"]})
     if decoded:
         parts += ["", "What decoded the turns:", ""] + [f"- {line}" for line in report.path_lines(decoded)]

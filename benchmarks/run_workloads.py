@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import engines_report
 import grpo_bench
 import report
 import vllm_bench
@@ -18,8 +19,9 @@ PPO_EPOCHS = 4  # PPOConfig's default on both sides
 GYM_MODES = ("naive", "scheduler", "text-env")
 GYM_VLLM_MODES = tuple(mode + report.VLLM_SUFFIX for mode in ("scheduler", "text-env"))
 GYM_CLIENT_LOOP = vllm_bench.CLIENT_LOOP  # a plain /v1/chat/completions loop on the same server (no textenv)
-GYM_TRANSFORMERS_CB = report.TRANSFORMERS_CB  # the naive loop on transformers' continuous batching: only when named
-ALL_GYM_MODES = (*GYM_MODES, GYM_TRANSFORMERS_CB, *GYM_VLLM_MODES, GYM_CLIENT_LOOP)
+GYM_TRANSFORMERS_CB = engines_report.TRANSFORMERS_CB  # the naive loop on transformers' continuous batching: only when named
+GYM_TRANSFORMERS_BACKEND = engines_report.TRANSFORMERS_BACKEND  # GymScheduler with engine="transformers": only when named
+ALL_GYM_MODES = (*GYM_MODES, GYM_TRANSFORMERS_CB, GYM_TRANSFORMERS_BACKEND, *GYM_VLLM_MODES, GYM_CLIENT_LOOP)
 ON_VLLM = {"vllm": " on vLLM"}  # what a workload's label says of its side
 GYM_EPISODES, GYM_TURNS = 32, 6
 ROLLOUT_QUERIES = 32

@@ -13,6 +13,7 @@ from textenv.engine.fast_path import GENERATE, LOOP
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import engines_report  # noqa: E402
 import report  # noqa: E402
 
 
@@ -62,8 +63,28 @@ def test_the_continuous_batching_table_puts_the_medians_side_by_side():
     def runs(*seconds, replies=((1, 2), (3,))):
         return [{"seconds": value, "replies": [list(map(list, [reply])) for reply in replies]} for value in seconds]
 
-    results = {"naive": runs(10.0, 12.0, 11.0), report.TRANSFORMERS_CB: runs(16.0, 15.0, 17.0, replies=((1, 2), (4,))),
+    results = {"naive": runs(10.0, 12.0, 11.0), engines_report.TRANSFORMERS_CB: runs(16.0, 15.0, 17.0, replies=((1, 2), (4,))),
                "scheduler": runs(6.0, 5.0, 7.0), "script": "chat"}
-    header, _, row = report.transformers_cb_table(results, episodes=2, turns=1).splitlines()
+    header, _, row = engines_report.transformers_cb_table(results, episodes=2, turns=1).splitlines()
     assert header.startswith("| episodes x turns, env | runs per side | naive loop (generate) s | transformers continuous batching s")
     assert row == "| 2 x 1, chat | 3 | 11 | 16 | 6 | **2.67x** | 1/2, 1/2 |"
+
+
+def test_the_transformers_backend_mode_plays_the_episodes_of_textenvs_engine(tiny_model_folder):
+    served, in_process = gym_side("scheduler-transformers", tiny_model_folder), gym_side("scheduler", tiny_model_folder)
+    assert served["decoding_path"] == "transformers continuous batching (sdpa attention)"
+    assert served["turns"] == in_process["turns"] == 4 and served["replies"] == in_process["replies"]
+
+
+def test_the_backends_table_lists_every_path_that_ran_against_the_generate_loop():
+    def runs(*seconds, replies=((1, 2), (3,)), path=LOOP):
+        return [{"seconds": value, "decoding_path": path, "replies": [list(map(list, [reply])) for reply in replies]} for value in seconds]
+
+    results = {"naive": runs(12.0, 10.0, 11.0, path=GENERATE), "scheduler": runs(5.0, 6.0, 4.0),
+               engines_report.TRANSFORMERS_BACKEND: runs(8.0, 9.0, 7.0, replies=((1, 2), (4,)), path="transformers continuous batching (sdpa attention)"),
+               "script": "chat"}
+    header, _, *rows = engines_report.backends_table(results).splitlines()
+    assert header == "| " + " | ".join(engines_report.BACKENDS_HEADER) + " |"
+    assert rows == [f"| per-turn `generate` loop (no textenv) | 3 | 11 | 1.00x | 2/2 | {GENERATE} |",
+                    f"| GymScheduler, engine=\"textenv\" | 3 | 5 | 2.20x | 2/2 | {LOOP} |",
+                    "| GymScheduler, engine=\"transformers\" | 3 | 8 | 1.38x | 1/2 | transformers continuous batching |"]

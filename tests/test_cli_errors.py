@@ -36,6 +36,8 @@ SETTINGS_ERRORS = {
     "train: no checkpoint to resume": (["train", *TINY, "--resume_from_checkpoint", "latest", "--output_dir", "{tmp}"], "no complete checkpoint"),
     "rollout: no rows": (["rollout", "--model", "tiny"], "no rows to play: give --dataset"),
     "rollout: a verifiers option without its task": (["rollout", "--env_id", "arithmetic"], "--task verifiers needs --env_id"),
+    "rollout: unknown engine": (["rollout", "--model", "tiny", *GYM, "--engine", "tgi"],
+                                "--engine must be one of ['textenv', 'transformers', 'vllm', 'auto'], got 'tgi'"),
     "rollout: unregistered context manager": (["rollout", "--model", "tiny", *GYM, "--context_manager", "nope"], "--context_manager nope"),
     "demo: bad tool format": (["demo", "--tool_format", "xml"], "--tool_format must be one of"),
     "demo: groups that do not fill the batch": (["demo", "--algorithm", "grpo", "--batch_size", "12"], "multiple of --num_generations (8)"),

@@ -30,7 +30,7 @@ NUMBER = r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
 GIB = 1 / 1024  # MiB -> GiB
 PERCENT = 100  # a fraction -> %
 FILES = ("README.md", "benchmarks/README.md", "docs/benchmarks.md", "docs/getting-started.md", "docs/guides/examples.md",
-         "docs/guides/watching.md", "docs/guides/grpo.md", "docs/guides/vllm.md", "docs/guides/verifiers.md",
+         "docs/guides/watching.md", "docs/guides/grpo.md", "docs/guides/vllm.md", "docs/guides/verifiers.md", "docs/guides/gpu.md",
          "textenv/engine/fast_path.py")
 
 
@@ -260,17 +260,17 @@ def vllm_claims(t: dict[str, str]) -> list[Claim]:
     record = [numbers(loop["32 episodes x 6"][c])[0] for c in ("client loop s", "textenv GymScheduler s", "TextEnvironment s")]
     record += [numbers(loop[s][c])[0] for s in ("8 x 3", "16 x 4") for c in ("client loop s", "textenv GymScheduler s")]
     claims += pairs("vLLM guide's client loop", page, record)
-    gpu = section(guide, "## On a GPU")
+    gpu = section(t["docs/guides/gpu.md"], "## What ran on a GPU, and what did not")
     page = find(gpu, "GymScheduler on the engine # s against # s for a plain per-turn `generate` loop (# episodes x # "
                      "turns, #x), # s against # s (64 x 6, # engine runs, #x) and # s against # s (8 x 3, #x); an "
                      "earlier H100 run gave # s against # s (32 x 6)")
     h200 = find(bench, "32 x 6: # s (# tok/s) against # s (# tok/s), #x; 64 x 6: # s (# runs) against # s (# tok/s), #x; "
                        "8 x 3, the worst case (a second call, # runs per side): # s against # s, #x")
     h100 = find(bench, "32 x 6 chat: # s against # s")
-    claims += pairs("vLLM guide's H200 figures", [page[i] for i in (0, 1, 4, 5, 6, 7, 8, 9, 10, 11)],
+    claims += pairs("GPU page's H200 figures", [page[i] for i in (0, 1, 4, 5, 6, 7, 8, 9, 10, 11)],
                     [h200[i] for i in (0, 2, 4, 5, 7, 6, 9, 11, 12, 13)])
-    claims += pairs("vLLM guide's H100 figures", page[12:], [h100[1], h100[0]])
-    claims += [(f"vLLM guide's H200 ratio {i}", page[x], ratio(page[b], page[a])) for i, (a, b, x) in
+    claims += pairs("GPU page's H100 figures", page[12:], [h100[1], h100[0]])
+    claims += [(f"GPU page's H200 ratio {i}", page[x], ratio(page[b], page[a])) for i, (a, b, x) in
                enumerate(((0, 1, 4), (5, 6, 8), (9, 10, 11)))]
     h200_ratios = [h200[4], h200[9], h200[13]]
     warning = find(t["textenv/engine/fast_path.py"], "measured #-#x the speed")

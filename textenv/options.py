@@ -19,12 +19,15 @@ trainers refuse.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE, ENGINES, VLLM_MODES
 from textenv.logs import LOG_LEVELS
 from textenv.parsing import ALIAS_GROUPS, HelpFormatter, parse_options, with_aliases  # noqa: F401 - re-exported
+
+logger = logging.getLogger(__name__)
 
 TOOL_FORMATS = ("tags", "json")
 MIXED_PRECISIONS = ("bf16", "fp16")
@@ -73,7 +76,9 @@ class EpisodeArguments:
                                                                    "pythonic, ...: textenv check-model lists it; default: the chat template's)"})
     chat_template: Optional[str] = field(default=None, metadata={"help": "JSON tool calls: a Jinja chat template file used instead of the "
                                                                      "tokenizer's (e.g. TRL's training template of the family)"})
-    engine: str = field(default="textenv", metadata={"help": "what generates the turns: 'textenv' (in-process engine) or 'vllm'"})
+    engine: str = field(default="textenv", metadata={"help": "what generates the turns: 'textenv' (in-process engine), 'transformers' "
+                                                             "(transformers' continuous batching), 'vllm', or 'auto' (by device; the "
+                                                             "path is logged)"})
     vllm_server_url: Optional[str] = field(
         default=None, metadata={"help": "--engine vllm: the server(s), comma-separated (none: textenv starts one for the model, see `textenv serve`)"}
     )
@@ -124,6 +129,10 @@ class EpisodeArguments:
         """The front ends' engine arguments (`engine`, `vllm_server_url`, `vllm_mode`, `mixed_precision`). With
         `--engine vllm` in server mode and no `--vllm_server_url`, a vLLM server for `model`'s folder is started
         (once per process, stopped at exit; `textenv.vllm.server.shared_server`)."""
+        if self.engine == "transformers" and self.mixed_precision:
+            logger.warning("--engine transformers decodes in the model's own dtype; --mixed_precision %s applies to the training step only.",
+                           self.mixed_precision)
+            return {"engine": self.engine, "mixed_precision": None}
         if self.engine != "vllm":
             return {"engine": self.engine, "mixed_precision": self.mixed_precision}
         url = self.vllm_server_url
@@ -304,7 +313,14 @@ class GymArguments:
         )
         if self.environment_factory or self.tools or episode.tool_format == "json":
             scheduler.chat_tools()  # the model's certificate (textenv check-model): a model that cannot work stops here
+        log_generation_path(scheduler)
         return scheduler
+
+
+def log_generation_path(front_end) -> None:
+    """Log what generates the episodes' turns (`--engine`), building the engine now: a setting the engine cannot
+    keep stops the command here, before any episode."""
+    logger.info("generation: %s", front_end.decoding_path)
 
 
 def _env_args(text: str) -> dict[str, Any]:

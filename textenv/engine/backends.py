@@ -1,13 +1,26 @@
-"""The engine entry's two backends, chosen by name: textenv's in-process `GenerationEngine` (the default)
-or `VLLMEngine` on vLLM servers (`engine="vllm"`). Both front ends build their engine here."""
+"""The engine entry: the backends of the engine interface (`textenv.engine.interface.Engine`), chosen by name.
+Both front ends build their engine here.
+
+- `"textenv"` (the default): textenv's in-process `GenerationEngine`;
+- `"transformers"`: `TransformersEngine`, transformers' continuous batching (paged attention);
+- `"vllm"`: `VLLMEngine`, on vLLM servers or colocated;
+- `"auto"`: by device and measurement (`auto_engine`): textenv's engine on a CPU, where it measured 2-4x faster
+  than transformers' continuous batching on the Gym shape; transformers' on a GPU, where textenv's loop measured
+  slower than a plain `generate` loop. The choice and its reason are logged.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
+logger = logging.getLogger(__name__)
+
 IN_PROCESS = "textenv"
+TRANSFORMERS = "transformers"
 VLLM = "vllm"
-ENGINES = (IN_PROCESS, VLLM)
+AUTO = "auto"
+ENGINES = (IN_PROCESS, TRANSFORMERS, VLLM, AUTO)
 VLLM_MODES = ("server", "colocate")
 # The most episodes decoded together, on either backend and through every front end (finished ones make room).
 DEFAULT_GENERATION_BATCH_SIZE = 32
@@ -26,12 +39,16 @@ def build_engine(
     vllm_server_url: str | Sequence[str] | None = None,
     vllm_mode: str = "server",
     vllm_kwargs: dict | None = None,
+    generation_kwargs: dict | None = None,
 ):
     """The engine for a front end.
 
     Args:
-        engine (`str` or engine): `"textenv"` (the in-process engine), `"vllm"`, or an engine object to use
-            as it is (a `GenerationEngine` or a `VLLMEngine` built by the caller).
+        engine (`str` or engine): `"textenv"` (the in-process engine), `"transformers"` (transformers'
+            continuous batching), `"vllm"`, `"auto"` (see `auto_engine`), or an engine object to use as it is
+            (a `GenerationEngine`, `TransformersEngine` or `VLLMEngine` built by the caller).
+        generation_kwargs (`dict`, *optional*): the front end's generation settings, checked by the transformers
+            backend before any episode (a setting it cannot keep is refused with the option that fixes it).
         vllm_server_url (`str` or `list[str]`): with `engine="vllm"` in server mode, the servers (several: an
             episode stays on the server it started on). Also a comma-separated string.
         vllm_mode (`str`): `"server"` (HTTP to running servers) or `"colocate"` (vLLM in this process).
@@ -41,6 +58,17 @@ def build_engine(
     """
     if not isinstance(engine, str):
         return engine
+    if engine == AUTO:
+        engine = auto_engine(model, vllm_server_url)
+    if engine == TRANSFORMERS:
+        from textenv.engine.transformers_cb import TransformersEngine
+
+        if vllm_server_url is not None:
+            raise ValueError("vllm_server_url is given but engine='transformers': pass engine='vllm'.")
+        if mixed_precision not in (None, "no"):
+            raise ValueError("engine='transformers' decodes in the model's own dtype, not under autocast: load the model in the dtype to decode "
+                             "in (torch_dtype=torch.bfloat16), or pass engine='textenv' for mixed_precision.")
+        return TransformersEngine(model, tokenizer, generation_kwargs, batch_size=batch_size)
     if engine == IN_PROCESS:
         from textenv.engine.engine import GenerationEngine
 
@@ -60,6 +88,23 @@ def build_engine(
         raise ValueError(f"Unknown vllm_kwargs {sorted(unknown)}; known: {sorted(CLIENT_KWARGS + ENGINE_KWARGS + ('model', 'llm_kwargs'))}.")
     engine_kwargs = {key: vllm_kwargs[key] for key in ENGINE_KWARGS if key in vllm_kwargs}
     return VLLMEngine(model, tokenizer, clients, batch_size=batch_size, **engine_kwargs)
+
+
+def auto_engine(model, vllm_server_url: str | Sequence[str] | None = None) -> str:
+    """The backend `engine="auto"` picks, logged with its reason: `"vllm"` when servers are given; else by the
+    model's device: textenv's engine on a CPU (it measured 2-4x faster than transformers' continuous batching on
+    the Gym shape, benchmarks/README.md), transformers' continuous batching on a GPU (textenv's loop measured
+    0.66-0.77x a per-turn `generate` loop on an H200; `make gpu-check` measures both)."""
+    from textenv.engine.unwrapping import model_device
+
+    if vllm_server_url is not None:
+        choice, reason = VLLM, "vllm_server_url is given"
+    elif model_device(model).type == "cuda":
+        choice, reason = TRANSFORMERS, "the model is on a GPU, where textenv's loop measured slower than a plain generate loop"
+    else:
+        choice, reason = IN_PROCESS, f"the model is on {model_device(model).type}, where textenv's engine measured fastest"
+    logger.warning("engine='auto' chose %r: %s.", choice, reason)
+    return choice
 
 
 def vllm_clients(model, urls: str | Sequence[str] | None, mode: str, vllm_kwargs: dict) -> list:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Awaitable, Hashable, Iterable, Sequence
 
 import torch
@@ -32,6 +31,7 @@ from textenv.asyncio_bridge import run_sync
 from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
 from textenv.engine.decoding import ContinuousDecoder, DecodeRequest
 from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
+from textenv.engine.interface import Completion
 from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
 from textenv.engine.precision import autocast_dtype, decoding_autocast
 from textenv.engine.prefix_cache import PrefixCache
@@ -44,28 +44,6 @@ DEFAULT_MAX_NEW_TOKENS = 32
 logger = logging.getLogger(__name__)
 
 __all__ = ["Completion", "GenerationEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
-
-
-@dataclass
-class Completion:
-    """One generated turn.
-
-    Attributes:
-        token_ids (`torch.LongTensor`): the generated ids, 1-D, up to and including the stop token.
-        text (`str`): their decoded text (special tokens kept).
-        finish_reason (`str`): `"stop"` (a stop string), `"eos"` or `"length"` (token budget reached).
-        logprobs (`torch.FloatTensor`, *optional*): the log-probability the engine gave each generated
-            token when it sampled it, 1-D like `token_ids`; `None` when the engine does not report them (the
-            in-process engine). The vLLM backend reports them.
-        policy_version (`int`, *optional*): the version of the weights that sampled the turn (the training
-            loop's count of optimizer steps; `None` outside a training loop).
-    """
-
-    token_ids: torch.Tensor
-    text: str
-    finish_reason: str
-    logprobs: torch.Tensor | None = None
-    policy_version: int | None = None
 
 
 class GenerationEngine:

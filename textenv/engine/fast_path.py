@@ -38,8 +38,9 @@ FALLBACK_COST = (
 )
 GPU_COST = (
     "on an NVIDIA H200 the engine's loop measured 0.66-0.77x the speed of a plain per-turn `generate` loop (its "
-    "per-step Python work is not hidden behind the GPU's kernels; docs/guides/vllm.md). For rollouts on a GPU use "
-    "vLLM: engine=\"vllm\" (`--engine vllm`)"
+    "per-step Python work is not hidden behind the GPU's kernels; docs/guides/gpu.md). For rollouts on a GPU use "
+    "transformers' continuous batching, engine=\"transformers\" (`--engine transformers`, nothing more to install), or "
+    "vLLM, engine=\"vllm\"; `make gpu-check` measures them"
 )
 
 

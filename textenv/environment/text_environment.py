@@ -89,8 +89,9 @@ class TextEnvironment(EndingAndRewards):
         progress (`bool`, defaults to `False`): show a progress bar over the episodes of each `run`
             (continuous turn order; on the main process only).
         engine (`str`, defaults to `"textenv"`): what generates the turns: `"textenv"`, the in-process engine;
-            `"vllm"`, vLLM servers (the same episodes and exact tokens; see `textenv.vllm.VLLMEngine`); or an
-            engine object. `vllm_server_url` (one URL, a list, or comma-separated), `vllm_mode` (`"server"`
+            `"transformers"`, transformers' continuous batching (`textenv.engine.transformers_cb`); `"vllm"`, vLLM
+            servers (the same episodes and exact tokens; see `textenv.vllm.VLLMEngine`); `"auto"`, chosen by device
+            (`textenv.engine.backends.auto_engine`); or an engine object. `vllm_server_url` (one URL, a list, or comma-separated), `vllm_mode` (`"server"`
             or `"colocate"`) and `vllm_kwargs` configure the vLLM backend (see `textenv.engine.backends`).
     """
 
@@ -154,7 +155,7 @@ class TextEnvironment(EndingAndRewards):
         self.current_device = model_device(model)
         self._engine = build_engine(
             engine, model, tokenizer, batch_size=batch_size, mixed_precision=mixed_precision,
-            vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs,
+            vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs, generation_kwargs=self.generation_kwargs,
         )
         self._chat_tools = None
         if tool_format == "json":

@@ -99,8 +99,10 @@ class GymScheduler:
             call format: `"hermes"`, `"qwen"`, `"llama3"`, `"mistral"` or a parser; default: the template's.
         chat_template (`str`, *optional*): for those envs, a template instead of the tokenizer's (default:
             the tokenizer's if it takes `tools=`, else textenv's tool-aware ChatML).
-        engine (`str`, defaults to `"textenv"`): `"textenv"` (the in-process engine), `"vllm"` (vLLM servers,
-            the same episodes with exact tokens and the servers' log-probabilities) or an engine object;
+        engine (`str`, defaults to `"textenv"`): `"textenv"` (the in-process engine), `"transformers"`
+            (transformers' continuous batching, with its log-probabilities), `"vllm"` (vLLM servers, the same
+            episodes with exact tokens and the servers' log-probabilities), `"auto"` (by device,
+            `textenv.engine.backends.auto_engine`) or an engine object;
             `vllm_server_url`, `vllm_mode` and `vllm_kwargs` configure vLLM (see `textenv.engine.backends`).
         environment_factory (`Callable` or `dict[str, Callable]`, *optional*): TRL 1.x environments, as
             `trl.GRPOTrainer` takes them: a class (or callable) building one environment, or a dict mapping names
@@ -243,7 +245,8 @@ class GymScheduler:
     def _engine_for_call(self):
         if self._engine is None:
             self._engine = build_engine(
-                model=self.model, tokenizer=self.tokenizer, batch_size=self.batch_size, mixed_precision=self.mixed_precision, **self._engine_choice
+                model=self.model, tokenizer=self.tokenizer, batch_size=self.batch_size, mixed_precision=self.mixed_precision,
+                generation_kwargs=self.generation_kwargs, **self._engine_choice,
             )
         self._engine.model = self.model
         self._engine.generation_kwargs = self.generation_kwargs
@@ -287,12 +290,13 @@ class GymScheduler:
         Works inside a running event loop too (a notebook): the episodes then run in a helper thread.
         See `arun` for the arguments.
         """
+        engine = self._engine_for_call() if self._on_engine() else None  # built (and its settings checked) first
         coroutine = self.arun(
             rows, step=step, num_generations=num_generations, completions_path=completions_path,
             progress=progress, keep_episodes=keep_episodes,
         )
-        if self._on_engine():  # decode in this thread, play the episodes in a helper thread
-            return self._engine_for_call().run_hosted(coroutine)
+        if engine is not None:  # decode in this thread, play the episodes in a helper thread
+            return engine.run_hosted(coroutine)
         return run_sync(coroutine)
 
     async def arun(

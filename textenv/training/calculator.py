@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 from textenv.environment import TextEnvironment
 from textenv.tasks import calculator as task
 from textenv.tools import Calculator
-from textenv.options import EpisodeArguments
+from textenv.options import EpisodeArguments, log_generation_path
 
 
 def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -> TextEnvironment:
@@ -24,7 +24,7 @@ def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -
         raise ValueError("--max_turns 0 (no limit) is for Gym and verifiers episodes, which their env ends; the calculator task needs "
                          "a limit (its TextEnvironment would play no turn): give --max_turns N, e.g. 3.")
     json_calls = settings.tool_format == "json"
-    return TextEnvironment(
+    env = TextEnvironment(
         model,
         tokenizer,
         {task.TOOL_NAME: Calculator()},
@@ -38,6 +38,8 @@ def build_calculator_environment(model, tokenizer, settings: EpisodeArguments) -
         chat_template=settings.chat_template_text,
         **settings.engine_options(model),
     )
+    log_generation_path(env)
+    return env
 
 
 def calculator_tasks(count: int, seed: int, settings: EpisodeArguments) -> tuple[list[str], list[float]]:
