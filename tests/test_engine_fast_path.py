@@ -189,4 +189,4 @@ def test_the_loop_on_a_cuda_device_warns_once_with_its_measured_cost(tiny_model,
         monkeypatch.setattr(fast_path, "model_device", lambda model: torch.device("cuda"))
         assert decoding_path(cuda_model).fast and decoding_path(cuda_model).fast
     warnings_ = [record.getMessage() for record in caplog.records if "vllm" in record.getMessage()]
-    assert len(warnings_) == 1 and "0.66-0.77x" in warnings_[0] and "--engine vllm" in warnings_[0]
+    assert len(warnings_) == 1 and "0.66-0.77x" in warnings_[0] and "--engine transformers" in warnings_[0] and 'engine="vllm"' in warnings_[0]

@@ -1,4 +1,7 @@
-"""The generation engine: every episode's next turn, served with continuous batching.
+"""The generation engine's front door: `GenerationEngine`, every episode's next turn, served with continuous
+batching. It builds each request (settings, stop rules, the episode's cache key) and turns the ids decoded into a
+`Completion`; `scheduler.py` holds the waiting requests and decides what to admit, `worker.py` is the decoding
+thread (and hosting it in the caller's thread), `decoding.py` its loop.
 
 An episode asks for its next turn with one call, ``await engine.generate(context_ids, stop_strings,
 generation_kwargs, episode=key)``. One decoding thread serves every waiting request: requests made in the
@@ -23,27 +26,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from functools import partial
 from typing import Any, Awaitable, Hashable, Iterable, Sequence
 
 import torch
 
-from textenv.asyncio_bridge import run_sync
+from textenv.engine import worker
 from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
-from textenv.engine.decoding import ContinuousDecoder, DecodeRequest
+from textenv.engine.decoding import DecodeRequest
 from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
+from textenv.engine.hf_generate import HFGenerateRequest
 from textenv.engine.interface import Completion
-from textenv.engine.hf_generate import HFGenerateRequest, serve_with_hf
 from textenv.engine.precision import autocast_dtype, decoding_autocast
 from textenv.engine.prefix_cache import PrefixCache
-from textenv.engine.sampling import SamplingSettings
+from textenv.engine.sampling import DEFAULT_MAX_NEW_TOKENS, SamplingSettings
+from textenv.engine.scheduler import RequestScheduler
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, StopChecker
-from textenv.engine.unwrapping import decoding_model, model_device, unwrap_model
+from textenv.engine.unwrapping import decoding_model, model_device, unwrap_model  # noqa: F401 - model_device re-exported
 from textenv.padding import ensure_pad_token, left_pad
 
-DEFAULT_MAX_NEW_TOKENS = 32
 logger = logging.getLogger(__name__)
 
-__all__ = ["Completion", "GenerationEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
+__all__ = ["Completion", "DEFAULT_MAX_NEW_TOKENS", "GenerationEngine", "left_pad", "unwrap_model", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP"]
 
 
 class GenerationEngine:
@@ -85,15 +89,14 @@ class GenerationEngine:
         self.prefix_cache = PrefixCache()
         self.policy_version: int | None = None  # stamped on every Completion; the training loop sets it
         ensure_pad_token(tokenizer)
-        self._lock = threading.Lock()
-        self._waiting: list[DecodeRequest | HFGenerateRequest] = []
-        self._ended: list[Hashable] = []
-        self._worker: threading.Thread | None = None  # the thread decoding now, if any
-        self._wakeup = threading.Condition(self._lock)
-        self._hosted_until: threading.Event | None = None
+        self.scheduler = RequestScheduler(self.prefix_cache, reuse_cache)
         self._stop_checkers: dict[tuple, StopChecker] = {}
-        self._staged: dict[asyncio.AbstractEventLoop, list] = {}
         self._warned_settings: set[str] = set()
+
+    @property
+    def _worker(self) -> threading.Thread | None:
+        """The thread decoding now, if any."""
+        return self.scheduler.worker
 
     @property
     def decoding_path(self) -> DecodingPath:
@@ -136,7 +139,8 @@ class GenerationEngine:
             except RuntimeError:  # the episode's event loop has closed (its run was interrupted)
                 pass
 
-        self._stage(loop, self._request(context_ids, stop_strings, generation_kwargs, done, episode, stop_at_eos=True))
+        request = self._request(context_ids, stop_strings, generation_kwargs, done, episode, stop_at_eos=True)
+        self.scheduler.stage(loop, request, partial(worker.start_worker, self, self.batch_size))
         token_ids, finish_reason = await future
         return self._completion(token_ids, finish_reason, context_ids.device)
 
@@ -176,11 +180,10 @@ class GenerationEngine:
             self._request(context, stop_strings, generation_kwargs, collector(index), None, stop_at_eos)
             for index, context in enumerate(contexts)
         ]
-        self._submit(requests, batch_size=batch_size)
+        self.scheduler.submit(requests, partial(worker.start_worker, self, batch_size or self.batch_size))
         for _ in requests:
             finished.acquire()
-        with self._lock:
-            self.prefix_cache.end_call()
+        self.scheduler.end_call()
         for token_ids, outcome in results:
             if token_ids is None:
                 raise outcome
@@ -188,11 +191,7 @@ class GenerationEngine:
 
     def end_episode(self, episode: Hashable) -> None:
         """The episode will ask for no more turns: its cached KV can go."""
-        with self._lock:
-            if self._worker is None:
-                self.prefix_cache.release(episode)
-            else:  # the decoding thread owns the cache while it runs
-                self._ended.append(episode)
+        self.scheduler.end_episode(episode)
 
     # ------------------------------------------------------------------------------ serving
     def _request(self, context, stop_strings, generation_kwargs, done, owner, stop_at_eos: bool):
@@ -229,91 +228,11 @@ class GenerationEngine:
             self._stop_checkers[key] = StopChecker(self.tokenizer, list(stop_strings), stop_ids)
         return self._stop_checkers[key]
 
-    def _stage(self, loop: asyncio.AbstractEventLoop, request) -> None:
-        """Hand `request` to the decoding thread at the end of this event-loop iteration, together with
-        every other request made in it (episodes whose turns ended together ask together, so they are
-        admitted, and their shared prefix computed, as one group)."""
-        staged = self._staged.setdefault(loop, [])
-        staged.append(request)
-        if len(staged) == 1:
-            loop.call_soon(lambda: self._submit(self._staged.pop(loop)))
-
     def run_hosted(self, coroutine: Awaitable) -> Any:
         """Run `coroutine` (episodes that generate with this engine) to completion and return its result,
-        decoding in the calling thread while the episodes' event loop runs in a helper thread.
-
-        Decoding in the thread that set up torch is faster than in a second one: on a machine with few
-        cores, a second thread's OpenMP team makes every team wait passively (about 20% slower here).
-        Falls back to `run_sync` (decoding in the engine's own thread) when another call is decoding.
-        """
-        # Probe now, before the episodes' thread starts: the probe keeps torch's random state by saving and
-        # restoring it, which would undo a draw the episodes made meanwhile.
-        self._probed_path(decoding_model(self.model))
-        with self._lock:
-            busy = self._worker is not None
-            if not busy:
-                self._worker, self._hosted_until = threading.current_thread(), threading.Event()
-        if busy:
-            return run_sync(coroutine)
-        finished = self._hosted_until
-        outcome: dict[str, Any] = {}
-
-        def episodes() -> None:
-            try:
-                outcome["result"] = run_sync(coroutine)
-            except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
-                outcome["error"] = error
-            finally:
-                with self._lock:
-                    finished.set()
-                    self._wakeup.notify_all()
-
-        helper = threading.Thread(target=episodes, name="textenv-episodes", daemon=True)
-        helper.start()
-        self._serve(self.batch_size)
-        helper.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["result"]
-
-    def _submit(self, requests: list, batch_size: int | None = None) -> None:
-        with self._lock:
-            self._waiting.extend(requests)
-            self._wakeup.notify_all()
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._serve, args=(batch_size or self.batch_size,), name="textenv-engine", daemon=True
-                )
-                self._worker.start()
-
-    def _serve(self, max_rows: int) -> None:
-        """The decoding thread: admit, step, retire, until nothing is running or waiting."""
-        model, fast_model = unwrap_model(self.model), decoding_model(self.model)
-        cache_argument = self._probed_path(fast_model).cache_argument
-        decoder = ContinuousDecoder(fast_model, self.prefix_cache, self.tokenizer.pad_token_id, max_rows, cache_argument, self.reuse_cache)
-        try:
-            with torch.inference_mode(), self._autocast(model):
-                while True:
-                    admitted, fallback = self._take_waiting(decoder, fast_model)
-                    if admitted is None:
-                        return
-                    try:
-                        if fallback:
-                            serve_with_hf(model, self.tokenizer.pad_token_id, fallback, DEFAULT_MAX_NEW_TOKENS)
-                        decoder.admit(admitted)
-                        if decoder.batch is not None:
-                            decoder.step()
-                    except Exception as error:  # noqa: BLE001 - reported to every row it concerns
-                        for request in admitted:
-                            if request not in (decoder.batch.requests if decoder.batch else []):
-                                request.done(None, error)
-                        decoder.fail(error)
-        except BaseException as error:  # never leave requests waiting on a thread that is gone
-            with self._lock:
-                stranded, self._waiting, self._worker, self._hosted_until = self._waiting, [], None, None
-            for request in stranded:
-                request.done(None, error)
-            raise
+        decoding in the calling thread while the episodes' event loop runs in a helper thread
+        (`textenv.engine.worker.run_hosted`)."""
+        return worker.run_hosted(self, coroutine)
 
     def _probed_path(self, model) -> DecodingPath:
         """`decoding_path(model)`, probed (once per model) in the precision this engine decodes in, so that the
@@ -327,38 +246,6 @@ class GenerationEngine:
         # One context for the whole serving loop: autocast keeps the half-precision copy of each weight until
         # it exits, so weights are cast once per call, not once per decoding step.
         return decoding_autocast(model, self.autocast_dtype)
-
-    def _take_waiting(self, decoder: ContinuousDecoder, model) -> tuple[list | None, list]:
-        """The requests to admit now (`None`: nothing is running or waiting, the thread ends) and the
-        requests `transformers`' `generate` must serve (the first waiting one's kind, as a batch)."""
-        with self._lock:
-            self._release_ended()
-            while not self._waiting and decoder.batch is None and self._hosted_until is not None and not self._hosted_until.is_set():
-                self._wakeup.wait(timeout=1.0)  # hosted: the episodes are reacting; wait for their next turns
-                self._release_ended()
-            if not self._waiting and decoder.batch is None:
-                self._worker, self._hosted_until = None, None
-                if not self.reuse_cache:
-                    self.prefix_cache.clear()
-                return None, []
-            fallback = [r for r in self._waiting if isinstance(r, HFGenerateRequest)]
-            if fallback:
-                fallback = [r for r in fallback if r.same_batch_as(fallback[0])][: decoder.max_rows]
-                self._waiting = [r for r in self._waiting if all(r is not f for f in fallback)]
-            admitted: list[DecodeRequest] = []
-            if decoder.wants_rows():
-                waiting = [r for r in self._waiting if isinstance(r, DecodeRequest)]
-                admitted = waiting[: decoder.free_rows]
-                self._waiting = [r for r in self._waiting if all(r is not a for a in admitted)]
-                if admitted and self.reuse_cache:
-                    self.prefix_cache.validate(model)
-            return admitted, fallback
-
-    def _release_ended(self) -> None:
-        """Drop the cached KV of the episodes that ended while this thread was decoding (lock held)."""
-        for episode in self._ended:
-            self.prefix_cache.release(episode)
-        self._ended.clear()
 
     def _completion(self, token_ids: list[int] | torch.Tensor, reason: str, device: torch.device) -> Completion:
         token_ids = torch.as_tensor(token_ids, dtype=torch.long).to(device)

@@ -19,6 +19,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from textenv.engine.unwrapping import unwrap_model
 
 # transformers' defaults for what a generation config leaves unset.
+DEFAULT_MAX_NEW_TOKENS = 32  # a turn's token budget when the generation settings give none
 _DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 # Keys that do not change which tokens are generated (or that the engine handles itself).
 _IGNORED = {

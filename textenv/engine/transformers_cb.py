@@ -38,14 +38,13 @@ from textenv.asyncio_bridge import run_sync
 from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
 from textenv.engine.interface import Completion
 from textenv.engine.prefix_cache import parameters_fingerprint
-from textenv.engine.sampling import SamplingSettings
+from textenv.engine.sampling import DEFAULT_MAX_NEW_TOKENS, SamplingSettings
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, StopChecker
 from textenv.engine.unwrapping import decoding_model, model_device
 from textenv.padding import ensure_pad_token
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 32  # as textenv's engine
 # transformers shares cached KV by whole pages: a smaller page than its default 256 tokens lets an episode's next
 # turn and a GRPO group's rows reuse more of their prefix.
 CACHE_PAGE_TOKENS = 32

@@ -1,0 +1,88 @@
+"""The engine's worker (`textenv.engine.worker`) on a tiny random model: a model error reaches every row and the
+engine serves the next call; a decoding thread that dies fails the requests still waiting; hosting decodes in the
+calling thread, returns the episodes' result and re-raises their error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from textenv.engine import GenerationEngine
+from textenv.engine.decoding import ContinuousDecoder
+from textenv.engine.scheduler import RequestScheduler
+
+# The dying thread of one test is reported by pytest as an unhandled thread exception: that is the point.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+GREEDY = {"do_sample": False, "max_new_tokens": 3, "eos_token_id": -1}
+
+
+class Dying(BaseException):
+    """What kills a thread (as KeyboardInterrupt or SystemExit would), not an error a row reports."""
+
+
+def engine_for(model, tokenizer, batch_size=4):
+    return GenerationEngine(model, tokenizer, generation_kwargs=GREEDY, batch_size=batch_size)
+
+
+def contexts(tokenizer, count=3):
+    return [tokenizer(f"question {index}: what is {index}+{index}?", return_tensors="pt").input_ids[0] for index in range(count)]
+
+
+def test_a_model_error_reaches_every_row_and_the_next_call_is_served(tiny_model, tokenizer, monkeypatch):
+    engine = engine_for(tiny_model, tokenizer)
+    step = ContinuousDecoder.step
+
+    def failing_step(self):
+        raise RuntimeError("CUDA error: device-side assert")
+
+    monkeypatch.setattr(ContinuousDecoder, "step", failing_step)
+
+    async def three_episodes():
+        return await asyncio.gather(*[engine.generate(context) for context in contexts(tokenizer)], return_exceptions=True)
+
+    outcomes = engine.run_hosted(three_episodes())
+    assert [str(outcome) for outcome in outcomes] == ["CUDA error: device-side assert"] * 3
+    monkeypatch.setattr(ContinuousDecoder, "step", step)
+    assert [len(c.token_ids) for c in engine.generate_batch(contexts(tokenizer))] == [3, 3, 3]
+
+
+def test_a_dying_decoding_thread_fails_the_requests_still_waiting(tiny_model, tokenizer, monkeypatch):
+    engine = engine_for(tiny_model, tokenizer, batch_size=1)
+    take, calls = RequestScheduler.take, []
+
+    def dies_at_its_second_step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Dying()
+        return take(self, *args, **kwargs)
+
+    monkeypatch.setattr(RequestScheduler, "take", dies_at_its_second_step)
+    with pytest.raises(Dying):
+        engine.generate_batch(contexts(tokenizer), generation_kwargs={"max_new_tokens": 1})
+    assert engine.scheduler.waiting == [] and engine._worker is None
+
+
+def test_hosting_decodes_in_the_calling_thread_and_returns_or_raises_what_the_episodes_do(tiny_model, tokenizer):
+    engine = engine_for(tiny_model, tokenizer)
+    decoding_threads = set()
+    handle = tiny_model.register_forward_hook(lambda *args: decoding_threads.add(threading.current_thread()))
+
+    async def episodes():
+        return [c.token_ids.tolist() for c in await asyncio.gather(*[engine.generate(context) for context in contexts(tokenizer)])]
+
+    try:
+        hosted = engine.run_hosted(episodes())
+    finally:
+        handle.remove()
+    assert decoding_threads == {threading.current_thread()}
+    assert hosted == [c.token_ids.tolist() for c in engine.generate_batch(contexts(tokenizer))]
+
+    async def failing_episodes():
+        await engine.generate(contexts(tokenizer)[0])
+        raise ValueError("the env broke")
+
+    with pytest.raises(ValueError, match="the env broke"):
+        engine.run_hosted(failing_episodes())
+    assert engine._worker is None
