@@ -26,7 +26,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.textenv-installed
 VLLM_CACHE := $(abspath $(VLLM_VENV))/textenv-cache
 
-.PHONY: docs docs-serve demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
+.PHONY: gpu-check gpu-wheels docs docs-serve demo test environments disk-space test-main test-lower test-vllm test-matrix setup clean legacy-on-trl chromium vllm vllm-optional
 
 demo: $(STAMP)
 	$(BIN)/textenv demo
@@ -150,3 +150,20 @@ $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
 
 clean:
 	rm -rf $(VENV) $(LOWER_VENV) $(VLLM_VENV) build site *.egg-info
+
+# The GPU check (benchmarks/gpu_check.py, docs/guides/gpu.md) on a lent GPU machine, whose python3 holds torch,
+# transformers, accelerate and peft but no TRL: wheels carried in .whl/ (`make gpu-wheels`, here) are installed first,
+# into /tmp/site. Its JSON and Markdown go to gpu-check/.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out gpu-check $(GPU_CHECK_ARGS)
+
+# TRL 1.16 and the datasets release it needs (with its pure-Python dependencies the GPU image lacks), as Python 3.12
+# wheels for the GPU machine, where nothing can be downloaded.
+GPU_WHEELS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+gpu-wheels:
+	mkdir -p .whl
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl $(GPU_WHEELS)
+	@du -sh .whl
