@@ -216,3 +216,13 @@ def test_a_next_turn_reuses_the_earlier_turns_pages_and_a_fresh_group_computes_i
     engine.run_hosted(episodes())
     pages = (len(context) + 10) // 32  # complete 32-token pages of the first turn's prompt and reply
     assert matched == [0, 32 * pages, 0, 0, 0, 0]
+
+
+def test_train_with_engine_transformers_runs_its_steps_and_logs_the_path(tmp_path, capsys):
+    from textenv.cli import run_command
+
+    run_command(["train", "--task", "calculator", "--model_name_or_path", "tiny", "--ppo_steps", "2", "--batch_size", "2",
+                 "--max_new_tokens", "3", "--no_progress", "--engine", "transformers", "--output_dir", str(tmp_path / "run")])
+    printed = capsys.readouterr()
+    steps = [line for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines() if line.strip()]
+    assert len(steps) == 2 and "generation: transformers continuous batching" in printed.out + printed.err
