@@ -226,3 +226,18 @@ def test_train_with_engine_transformers_runs_its_steps_and_logs_the_path(tmp_pat
     printed = capsys.readouterr()
     steps = [line for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines() if line.strip()]
     assert len(steps) == 2 and "generation: transformers continuous batching" in printed.out + printed.err
+
+
+def test_a_lora_value_head_policy_is_served_with_its_adapters(tiny_model, tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    from textenv.ppo import AutoModelForCausalLMWithValueHead
+
+    peft_model = get_peft_model(tiny_model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    policy = AutoModelForCausalLMWithValueHead.from_pretrained(peft_model)
+    textenv_engine, transformers_engine = both(policy, tokenizer)
+    batch = contexts(tokenizer)
+    with_adapters = ids(transformers_engine.generate_batch(batch, stop_at_eos=False))
+    assert_greedy_continuations_agree(peft_model, batch, ids(textenv_engine.generate_batch(batch, stop_at_eos=False)), with_adapters)
+    with peft_model.disable_adapter():
+        assert ids(transformers_engine.generate_batch(batch, stop_at_eos=False)) != with_adapters
