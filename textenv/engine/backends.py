@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
+from textenv.engine.interface import DEFAULT_GENERATION_BATCH_SIZE  # noqa: F401 - re-exported: the front ends' default
+
 logger = logging.getLogger(__name__)
 
 IN_PROCESS = "textenv"
@@ -22,8 +24,6 @@ VLLM = "vllm"
 AUTO = "auto"
 ENGINES = (IN_PROCESS, TRANSFORMERS, VLLM, AUTO)
 VLLM_MODES = ("server", "colocate")
-# The most episodes decoded together, on either backend and through every front end (finished ones make room).
-DEFAULT_GENERATION_BATCH_SIZE = 32
 # `vllm_kwargs` keys and where they go.
 CLIENT_KWARGS = ("request_timeout", "max_retries", "retry_pause")
 ENGINE_KWARGS = ("sync_weights", "weights_dir", "check_model")

@@ -32,11 +32,10 @@ from typing import Any, Awaitable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.engine import worker
-from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
 from textenv.engine.decoding import DecodeRequest
 from textenv.engine.fast_path import FALLBACK_COST, GENERATE, LOOP, DecodingPath, decoding_path
 from textenv.engine.hf_generate import HFGenerateRequest
-from textenv.engine.interface import Completion
+from textenv.engine.interface import DEFAULT_GENERATION_BATCH_SIZE, Completion
 from textenv.engine.precision import autocast_dtype, decoding_autocast
 from textenv.engine.prefix_cache import PrefixCache
 from textenv.engine.sampling import DEFAULT_MAX_NEW_TOKENS, SamplingSettings

@@ -16,6 +16,9 @@ from typing import Any, Awaitable, Hashable, Iterable, Protocol, Sequence, runti
 
 import torch
 
+# The most episodes decoded together, on every backend and through every front end (finished ones make room).
+DEFAULT_GENERATION_BATCH_SIZE = 32
+
 
 @dataclass
 class Completion:

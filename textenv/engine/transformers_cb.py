@@ -35,8 +35,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.asyncio_bridge import run_sync
-from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
-from textenv.engine.interface import Completion
+from textenv.engine.interface import DEFAULT_GENERATION_BATCH_SIZE, Completion
 from textenv.engine.prefix_cache import parameters_fingerprint
 from textenv.engine.sampling import DEFAULT_MAX_NEW_TOKENS, SamplingSettings
 from textenv.engine.stopping import FINISH_EOS, FINISH_LENGTH, StopChecker

@@ -31,10 +31,9 @@ from typing import Any, Awaitable, Hashable, Iterable, Sequence
 import torch
 
 from textenv.asyncio_bridge import run_sync
-from textenv.engine.backends import DEFAULT_GENERATION_BATCH_SIZE
-from textenv.engine.engine import DEFAULT_MAX_NEW_TOKENS, Completion
+from textenv.engine.interface import DEFAULT_GENERATION_BATCH_SIZE, Completion
 from textenv.engine.prefix_cache import parameters_fingerprint
-from textenv.engine.sampling import SamplingSettings
+from textenv.engine.sampling import DEFAULT_MAX_NEW_TOKENS, SamplingSettings
 from textenv.engine.unwrapping import decoding_model, unwrap_model
 from textenv.padding import ensure_pad_token
 from textenv.vllm.checks import check_served_model
