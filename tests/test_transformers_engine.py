@@ -241,3 +241,15 @@ def test_a_lora_value_head_policy_is_served_with_its_adapters(tiny_model, tokeni
     assert_greedy_continuations_agree(peft_model, batch, ids(textenv_engine.generate_batch(batch, stop_at_eos=False)), with_adapters)
     with peft_model.disable_adapter():
         assert ids(transformers_engine.generate_batch(batch, stop_at_eos=False)) != with_adapters
+
+
+def test_sampled_turns_of_seeded_episodes_warn_once_that_seeds_are_not_kept_and_greedy_ones_do_not(tiny_model, tokenizer, caplog):
+    from textenv.engine.transformers_cb import NOT_KEPT_SEEDS
+
+    def play(generation_kwargs):
+        GymScheduler(tiny_model, tokenizer, gym_env="math_env", max_turns=1, engine="transformers", generation_kwargs=generation_kwargs).run(MATH_ROWS)
+        return caplog.text.count(NOT_KEPT_SEEDS)
+
+    with caplog.at_level(logging.WARNING, logger="textenv.engine.transformers_cb"):
+        assert play({**GREEDY, "max_new_tokens": 4}) == 0
+        assert play({"do_sample": True, "max_new_tokens": 4}) == 1

@@ -101,8 +101,8 @@ class TransformersEngine:
         tokenizer: its tokenizer. A missing pad token is set to EOS (with a warning).
         generation_kwargs (`dict`, *optional*): generation settings of every turn, as for `model.generate`;
             checked here, so that a setting this backend cannot keep is refused before any episode.
-        batch_size (`int`, defaults to 32): the most requests decoded in one step (transformers'
-            `max_batch_tokens` is left to its own sizing).
+        batch_size (`int`, defaults to 32): the most requests decoded in one step (on a CPU also the paged
+            cache's rows, `_cache_size`; on a GPU transformers sizes the cache and the forwards itself).
         continuous_batching_config (`dict`, *optional*): more `ContinuousBatchingConfig` fields (for example
             `num_blocks`, `use_cuda_graph`); `return_logprobs` is always on.
 
@@ -161,7 +161,7 @@ class TransformersEngine:
             except RuntimeError:  # the episode's event loop has closed (its run was interrupted)
                 pass
 
-        if getattr(episode, "random_stream", None) is not None:
+        if getattr(episode, "random_stream", None) is not None and self.settings(generation_kwargs).do_sample:
             self._warn_once(NOT_KEPT_SEEDS)
         self._submit(context_ids, tuple(stop_strings), generation_kwargs, done, stop_at_eos=True)
         return self._completion(await future, context_ids.device)
