@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -85,4 +86,9 @@ def test_hosting_decodes_in_the_calling_thread_and_returns_or_raises_what_the_ep
 
     with pytest.raises(ValueError, match="the env broke"):
         engine.run_hosted(failing_episodes())
+    # The call before may still have had its thread ending (then this one decoded on a thread of its own, the
+    # documented fallback): either way every decoding thread ends once nothing waits.
+    deadline = time.monotonic() + 10
+    while engine._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert engine._worker is None

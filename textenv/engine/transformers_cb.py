@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # transformers shares cached KV by whole pages: a smaller page than its default 256 tokens lets an episode's next
 # turn and a GRPO group's rows reuse more of their prefix.
 CACHE_PAGE_TOKENS = 32
-CPU_ROW_TOKENS = 4096
+CPU_ROW_TOKENS = 2048
 CPU_BATCH_TOKENS = 2048  # tokens per forward on a CPU (longer prefills are chunked)
 PATH_NAME = "transformers continuous batching"
 NOT_KEPT_SEEDS = (
@@ -332,19 +332,23 @@ def _check_attention(model) -> None:
 
 
 def _cache_size(model, batch_size: int) -> dict[str, int | float]:
-    """On a CPU, the paged cache's size: room for `batch_size` rows of `CPU_ROW_TOKENS` tokens and forwards of
-    `CPU_BATCH_TOKENS` tokens, in at most half of
-    the memory free now. transformers' own default there takes 60% of the machine's total memory less this
-    process's, whatever other processes use (an out-of-memory kill on a shared machine, and seconds spent
-    allocating it at every start). On a GPU transformers' default stands (most of the free GPU memory, released
-    when the manager stops)."""
+    """On a CPU, the paged cache's size: room for `batch_size` rows of `CPU_ROW_TOKENS` tokens, or what a quarter of
+    the memory free now holds if that is less, and forwards of `CPU_BATCH_TOKENS` tokens. transformers' own default
+    there takes 60% of the machine's total memory less this process's, whatever other processes use (an
+    out-of-memory kill on a shared machine, and seconds spent allocating it at every start). On a GPU transformers'
+    default stands (most of the free GPU memory, released when the manager stops)."""
     if model_device(model).type != "cpu":
         return {}
     import psutil
 
     memory = psutil.virtual_memory()
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    token_bytes = 2 * config.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()  # keys and values
+    tokens = min(batch_size * CPU_ROW_TOKENS, memory.available // 4 // token_bytes)
     size_field = "page_size" if "page_size" in _config_fields() else "block_size"
-    return {"num_blocks": -(-batch_size * CPU_ROW_TOKENS // CACHE_PAGE_TOKENS), size_field: CACHE_PAGE_TOKENS, "max_batch_tokens": CPU_BATCH_TOKENS,
+    return {"num_blocks": max(1, tokens // CACHE_PAGE_TOKENS), size_field: CACHE_PAGE_TOKENS, "max_batch_tokens": CPU_BATCH_TOKENS,
             "max_memory_percent": round(0.5 * memory.available / memory.total, 3)}
 
 
