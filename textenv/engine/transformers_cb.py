@@ -161,9 +161,8 @@ class TransformersEngine:
             except RuntimeError:  # the episode's event loop has closed (its run was interrupted)
                 pass
 
-        if getattr(episode, "random_stream", None) is not None and self.settings(generation_kwargs).do_sample:
-            self._warn_once(NOT_KEPT_SEEDS)
-        self._submit(context_ids, tuple(stop_strings), generation_kwargs, done, stop_at_eos=True)
+        seeded = getattr(episode, "random_stream", None) is not None
+        self._submit(context_ids, tuple(stop_strings), generation_kwargs, done, stop_at_eos=True, seeded=seeded)
         return self._completion(await future, context_ids.device)
 
     def generate_batch(self, contexts: Sequence[torch.Tensor], stop_strings: Iterable[str] = (), generation_kwargs: dict | None = None,
@@ -226,8 +225,11 @@ class TransformersEngine:
         return settings
 
     # ------------------------------------------------------------------------------ serving
-    def _submit(self, context: torch.Tensor, stop_strings: tuple, generation_kwargs: dict | None, done: Callable, stop_at_eos: bool) -> None:
+    def _submit(self, context: torch.Tensor, stop_strings: tuple, generation_kwargs: dict | None, done: Callable, stop_at_eos: bool,
+                seeded: bool = False) -> None:
         settings = self.settings(generation_kwargs)
+        if seeded and settings.do_sample:
+            self._warn_once(NOT_KEPT_SEEDS)
         stop_ids = set(settings.eos_token_ids)
         if stop_at_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(int(self.tokenizer.eos_token_id))
