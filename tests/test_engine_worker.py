@@ -11,7 +11,6 @@ import time
 import pytest
 
 from textenv.engine import GenerationEngine
-from textenv.engine.decoding import ContinuousDecoder
 from textenv.engine.scheduler import RequestScheduler
 
 # The dying thread of one test is reported by pytest as an unhandled thread exception: that is the point.
@@ -31,21 +30,29 @@ def contexts(tokenizer, count=3):
     return [tokenizer(f"question {index}: what is {index}+{index}?", return_tensors="pt").input_ids[0] for index in range(count)]
 
 
-def test_a_model_error_reaches_every_row_and_the_next_call_is_served(tiny_model, tokenizer, monkeypatch):
-    engine = engine_for(tiny_model, tokenizer)
-    step = ContinuousDecoder.step
+@pytest.mark.parametrize("failing_forward", ["prefill", "decoding step"])
+def test_a_model_error_reaches_every_row_and_the_next_call_is_served(tiny_model, tokenizer, failing_forward):
+    engine = engine_for(tiny_model, tokenizer, batch_size=2)  # three rows: one waits while the first two fail
+    assert engine.fast_path  # probed before the hook: the probe's forwards do not fail
+    raised = []
 
-    def failing_step(self):
-        raise RuntimeError("CUDA error: device-side assert")
+    def model_fails(module, args, kwargs):
+        one_token = kwargs["input_ids"].shape[-1] == 1  # a decoding step feeds one token per row
+        if one_token == (failing_forward == "decoding step"):
+            raised.append(RuntimeError(f"CUDA error: device-side assert ({failing_forward})"))
+            raise raised[-1]
 
-    monkeypatch.setattr(ContinuousDecoder, "step", failing_step)
+    handle = tiny_model.register_forward_pre_hook(model_fails, with_kwargs=True)
 
     async def three_episodes():
-        return await asyncio.gather(*[engine.generate(context) for context in contexts(tokenizer)], return_exceptions=True)
+        turns = asyncio.gather(*[engine.generate(context) for context in contexts(tokenizer)], return_exceptions=True)
+        return await asyncio.wait_for(turns, timeout=60)  # a row never told would wait for ever
 
-    outcomes = engine.run_hosted(three_episodes())
-    assert [str(outcome) for outcome in outcomes] == ["CUDA error: device-side assert"] * 3
-    monkeypatch.setattr(ContinuousDecoder, "step", step)
+    try:
+        outcomes = engine.run_hosted(three_episodes())
+    finally:
+        handle.remove()
+    assert len(raised) == 2 and all(any(outcome is error for error in raised) for outcome in outcomes)
     assert [len(c.token_ids) for c in engine.generate_batch(contexts(tokenizer))] == [3, 3, 3]
 
 
@@ -60,8 +67,18 @@ def test_a_dying_decoding_thread_fails_the_requests_still_waiting(tiny_model, to
         return take(self, *args, **kwargs)
 
     monkeypatch.setattr(RequestScheduler, "take", dies_at_its_second_step)
-    with pytest.raises(Dying):
-        engine.generate_batch(contexts(tokenizer), generation_kwargs={"max_new_tokens": 1})
+    raised = []
+
+    def call() -> None:
+        try:
+            engine.generate_batch(contexts(tokenizer), generation_kwargs={"max_new_tokens": 1})
+        except Dying as error:
+            raised.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)  # a request never told would block the call for ever
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive() and len(raised) == 1
     assert engine.scheduler.waiting == [] and engine._worker is None
 
 

@@ -139,7 +139,7 @@ class GenerationEngine:
                 pass
 
         request = self._request(context_ids, stop_strings, generation_kwargs, done, episode, stop_at_eos=True)
-        self.scheduler.stage(loop, request, partial(worker.start_worker, self, self.batch_size))
+        self.scheduler.stage(loop, request, self._start_worker)
         token_ids, finish_reason = await future
         return self._completion(token_ids, finish_reason, context_ids.device)
 
@@ -179,7 +179,7 @@ class GenerationEngine:
             self._request(context, stop_strings, generation_kwargs, collector(index), None, stop_at_eos)
             for index, context in enumerate(contexts)
         ]
-        self.scheduler.submit(requests, partial(worker.start_worker, self, batch_size or self.batch_size))
+        self.scheduler.submit(requests, partial(self._start_worker, batch_size))
         for _ in requests:
             finished.acquire()
         self.scheduler.end_call()
@@ -232,6 +232,10 @@ class GenerationEngine:
         decoding in the calling thread while the episodes' event loop runs in a helper thread
         (`textenv.engine.worker.run_hosted`)."""
         return worker.run_hosted(self, coroutine)
+
+    def _start_worker(self, batch_size: int | None = None) -> threading.Thread:
+        """A decoding thread of `batch_size` rows (default: the engine's, read now), for the scheduler to start."""
+        return worker.start_worker(self, batch_size or self.batch_size)
 
     def _probed_path(self, model) -> DecodingPath:
         """`decoding_path(model)`, probed (once per model) in the precision this engine decodes in, so that the

@@ -12,13 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
 from textenv.engine.decoding import DecodeRequest
 from textenv.engine.hf_generate import HFGenerateRequest
 from textenv.engine.prefix_cache import PrefixCache
 
 HOSTED_WAIT_SECONDS = 1.0  # how long a hosted thread waits for the episodes' next turns before looking again
+
+
+class Decoder(Protocol):
+    """What the scheduler reads of the decoding thread's `ContinuousDecoder` (only that thread changes it)."""
+
+    batch: Any  # the rows in flight, `None` when none
+    max_rows: int
+
+    @property
+    def free_rows(self) -> int: ...
+
+    def wants_rows(self) -> bool: ...
 
 
 class RequestScheduler:
@@ -87,14 +99,13 @@ class RequestScheduler:
             self.wakeup.notify_all()
 
     # ------------------------------------------------------------------------------ admission
-    def take(self, wants_rows: bool, free_rows: int, max_rows: int, model: Any, batch_running: bool) -> tuple[list | None, list]:
-        """What the decoding thread does next.
+    def take(self, decoder: Decoder, model: Any) -> tuple[list | None, list]:
+        """What the decoding thread does next; while hosted and idle, waits for the episodes' next turns.
 
         Args:
-            wants_rows (`bool`): the decoder would admit rows now; `free_rows` of them fit.
-            max_rows (`int`): the most rows of one `generate` batch.
+            decoder (`Decoder`): the thread's decoder: whether it runs rows (`batch`), wants rows now (`wants_rows()`),
+                how many fit (`free_rows`) and the most rows of one `generate` batch (`max_rows`).
             model: the decoding model, against which the prefix cache is validated before rows are admitted.
-            batch_running (`bool`): the decoder has rows in flight.
 
         Returns:
             `(admitted, fallback)`: the loop requests to admit now (`None`: nothing runs or waits, the thread
@@ -102,18 +113,18 @@ class RequestScheduler:
         """
         with self.lock:
             self._release_ended()
-            while not self.waiting and not batch_running and self.hosted_until is not None and not self.hosted_until.is_set():
+            while not self.waiting and decoder.batch is None and self.hosted_until is not None and not self.hosted_until.is_set():
                 self.wakeup.wait(timeout=HOSTED_WAIT_SECONDS)
                 self._release_ended()
-            if not self.waiting and not batch_running:
+            if not self.waiting and decoder.batch is None:
                 self.worker, self.hosted_until = None, None
                 if not self.reuse_cache:
                     self.prefix_cache.clear()
                 return None, []
-            fallback = self._take_fallback(max_rows)
+            fallback = self._take_fallback(decoder.max_rows)
             admitted: list[DecodeRequest] = []
-            if wants_rows:
-                admitted = [r for r in self.waiting if isinstance(r, DecodeRequest)][:free_rows]
+            if decoder.wants_rows():
+                admitted = [r for r in self.waiting if isinstance(r, DecodeRequest)][: decoder.free_rows]
                 self._remove(admitted)
                 if admitted and self.reuse_cache:
                     self.prefix_cache.validate(model)

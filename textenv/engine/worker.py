@@ -41,7 +41,7 @@ def serve(engine: GenerationEngine, max_rows: int) -> None:
     try:
         with torch.inference_mode(), engine._autocast(model):
             while True:
-                admitted, fallback = scheduler.take(decoder.wants_rows(), decoder.free_rows, decoder.max_rows, fast_model, decoder.batch is not None)
+                admitted, fallback = scheduler.take(decoder, fast_model)
                 if admitted is None:
                     return
                 _step(decoder, model, engine.tokenizer.pad_token_id, admitted, fallback)
