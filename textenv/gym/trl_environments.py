@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from textenv.environments.kind import SimpleKind
 from textenv.gym.env import Env, Messages, RolloutInferRequest
 from textenv.gym.environment_thread import EnvironmentThread
 from textenv.gym.registry import load_object
@@ -73,9 +74,9 @@ def defines(instance: Any, name: str) -> bool:
     return any(member == name for member, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction))
 
 
-class TrlEnvironments:
+class TrlEnvironments(SimpleKind):
     """The `environment_factory`, `tools` and `reward_funcs` of a `GymScheduler`, checked once; one
-    `TrlEnvironment` per episode.
+    `TrlEnvironment` per episode (the environment kind ``"trl"``).
 
     As `trl.GRPOTrainer` does, one probe instance per factory is built here to check it (a callable `reset`)
     and to read its tools; the probe is then dropped (every episode builds its own instance, on its own
@@ -98,6 +99,8 @@ class TrlEnvironments:
             `get_reward` nor `reward_funcs`, a tool that cannot be described, two tools with one name.
     """
 
+    kind = "trl"
+
     def __init__(
         self,
         environment_factory: Union[EnvironmentFactory, Mapping[str, EnvironmentFactory]],
@@ -108,12 +111,8 @@ class TrlEnvironments:
         factories = dict(environment_factory) if self.multi_environment else {None: environment_factory}
         if not factories:
             raise ValueError("environment_factory: the dict is empty; map at least one name to an environment class.")
-        self.tools = list(tools or [])
-        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
-        for label, items in (("tools", self.tools), ("reward_funcs", self.reward_funcs)):
-            for item in items:
-                if not callable(item):  # TRL's reward model ids (strings) and models are not taken here
-                    raise TypeError(f"{label}: {item!r} is a {type(item).__name__}, not a function.")
+        self.tools = as_functions(list(tools or []), "tools")
+        self.reward_funcs = as_functions(reward_funcs, "reward_funcs")
         tool_schemas(self.tools, "tools")
         _check_unique([tool.__name__ for tool in self.tools], "tools")
         self.factories: Dict[Optional[str], EnvironmentFactory] = {}
@@ -149,7 +148,7 @@ class TrlEnvironments:
         """The name an episode of `row` is logged under: its `environment` field (dict factory) or the class name."""
         return row.get(ENVIRONMENT_FIELD) if self.multi_environment else self.labels[None]
 
-    def adapter(self, row: Mapping[str, Any]) -> "TrlEnvironment":
+    def adapter(self, row: Mapping[str, Any], index: int = 0) -> "TrlEnvironment":
         """A `TrlEnvironment` for one episode of `row` (no instance is built until its `reset`).
 
         Raises:
@@ -224,79 +223,107 @@ class TrlEnvironment(Env):
         calls = action[-1].get("tool_calls")
         if not calls:
             return None, 0.0, True, {}
-        messages, records = [], []
-        for index, call in enumerate(calls):
-            record = await self._run_call(call, index)
-            records.append(record.as_dict())
-            messages.append({"role": "tool", "tool_call_id": record.id, "name": record.name, "content": record.result})
+        messages, records = await run_tool_calls(calls, self._invoke)
         return messages, 0.0, False, {"tool_calls": records}
 
     async def final_reward(self, messages: Messages, completion_ids: Optional[List[int]] = None, step: int = 0) -> float:
         """The episode's reward as TRL 1.16's `GRPOTrainer` computes it: each reward function, then `get_reward()`
         (TRL appends it to the reward functions when the class defines it), summed with weight 1 (a `None`
-        counts 0, as TRL ignores it).
-
-        Each reward function is called as TRL calls it, for a batch of this one episode: ``prompts=[opening]``,
-        ``completions=[the messages after it]``, ``completion_ids=[the token ids after the opening]``, the row's
-        other columns as one-element lists, ``trainer_state`` (a `transformers.TrainerState` at `step`),
-        ``log_extra(column, values)`` and ``log_metric(name, value)`` (kept in `reward_info`, which the episode's
-        last trajectory info and `completions.jsonl` carry) and ``environments=[instance]``.
-        """
-        from transformers import TrainerState
-
-        total = 0.0
-        if self.reward_funcs:
-            prompt, completion = messages[: len(self.opening)], messages[len(self.opening) :]
-            columns = {key: [value] for key, value in self.row.items() if key not in NOT_REWARD_COLUMNS}
-            arguments = dict(prompts=[prompt], completions=[completion], completion_ids=[list(completion_ids or [])], **columns,
-                             trainer_state=TrainerState(global_step=step), log_extra=self._log_extra, log_metric=self._log_metric,
-                             environments=[self.instance])
-            for function in self.reward_funcs:
-                values = await self._call(function, **arguments)
-                if not isinstance(values, (list, tuple)) or len(values) != 1:
-                    raise ValueError(f"reward function {getattr(function, '__name__', function)!r} returned {values!r}; expected a list with one reward per completion (here one).")
-                total += _as_reward(values[0], getattr(function, "__name__", "reward function"))
+        counts 0, as TRL ignores it). The reward functions are called as `reward_funcs_total` says, with
+        ``environments=[instance]``."""
+        prompt, completion = messages[: len(self.opening)], messages[len(self.opening) :]
+        total = await reward_funcs_total(self.reward_funcs, self._call, prompt=prompt, completion=completion, completion_ids=completion_ids,
+                                         row=self.row, step=step, reward_info=self.reward_info, environment=self.instance)
         if defines(self.instance, "get_reward"):
             total += _as_reward(await self._call(self.instance.get_reward), "get_reward")
         return total
 
-    def _log_extra(self, column: str, values: Sequence[Any]) -> None:
-        """TRL's ``log_extra``: a column of the completions table, one value per completion (here one)."""
-        self.reward_info.setdefault("log_extra", {})[column] = list(values)[0] if len(values) == 1 else list(values)
-
-    def _log_metric(self, name: str, value: float) -> None:
-        """TRL's ``log_metric``: a scalar a reward function reports."""
-        self.reward_info.setdefault("log_metric", {})[name] = value
-
     async def close(self) -> None:
         self._thread.stop()
 
-    async def _run_call(self, call: Any, index: int) -> ToolCallRecord:
-        """Run one tool call as TRL does: ``tool(**arguments)``; any failure becomes ``{"error": str(e)}``."""
-        call = call if isinstance(call, dict) else {}
-        function = call.get("function", call)
-        identifier = str(call.get("id") or call_id(index))
-        name, arguments = function.get("name") or "", function.get("arguments", {})
-        try:
-            if call.get("error"):
-                raise ValueError(f"the tool call could not be read ({call['error']})")
-            if isinstance(arguments, str):
-                arguments, problem = _decode_arguments(arguments)
-                if problem:
-                    raise ValueError(problem)
-            if name not in self.functions:
-                raise ValueError(f"Tool {name} not found.")
-            result = str(await self._call(self.functions[name], **arguments))
-        except Exception as error:  # noqa: BLE001 - a failing tool is the model's problem, as in TRL
-            return ToolCallRecord(identifier, name, arguments, str({"error": str(error)}), str(error))
-        return ToolCallRecord(identifier, name, arguments, result)
+    async def _invoke(self, name: str, arguments: Any) -> Tuple[str, None]:
+        """Call a tool as TRL does: ``tool(**arguments)`` (what fails answers the model, see `run_tool_call`)."""
+        if name not in self.functions:
+            raise ValueError(f"Tool {name} not found.")
+        return str(await self._call(self.functions[name], **arguments)), None
 
     async def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Await an async function on the episode loop; run a sync one on the episode's own thread."""
-        if inspect.iscoroutinefunction(function):
-            return await function(*args, **kwargs)
-        result = await self._thread.run(function, *args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await call_environment_code(self._thread, function, *args, **kwargs)
+
+
+async def call_environment_code(thread: EnvironmentThread, function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Await an async function on the episode loop; run a sync one on the episode's own `thread`."""
+    if inspect.iscoroutinefunction(function):
+        return await function(*args, **kwargs)
+    result = await thread.run(function, *args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+ToolInvoker = Callable[[str, Any], Awaitable[Tuple[str, Optional[str]]]]
+
+
+async def run_tool_calls(calls: Sequence[Any], invoke: ToolInvoker, passes: Tuple[type, ...] = ()) -> Tuple[Messages, List[dict]]:
+    """A reply's parsed calls run in order (`run_tool_call`): the tool messages that answer them, and their records."""
+    messages, records = [], []
+    for index, call in enumerate(calls):
+        record = await run_tool_call(call, index, invoke, passes)
+        records.append(record.as_dict())
+        messages.append({"role": "tool", "tool_call_id": record.id, "name": record.name, "content": record.result})
+    return messages, records
+
+
+async def run_tool_call(call: Any, index: int, invoke: ToolInvoker, passes: Tuple[type, ...] = ()) -> ToolCallRecord:
+    """Run one parsed OpenAI-style call (the `index`-th of its turn) with ``await invoke(name, arguments) -> (result,
+    error or None)`` and record it. A failure (an unreadable call, arguments that are not JSON, what `invoke` raised
+    except the `passes` types, which end the episode) answers the model ``str({"error": str(e)})``, as TRL does."""
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function", call)
+    identifier = str(call.get("id") or call_id(index))
+    name, arguments = function.get("name") or "", function.get("arguments", {})
+    try:
+        if call.get("error"):
+            raise ValueError(f"the tool call could not be read ({call['error']})")
+        if isinstance(arguments, str):
+            arguments, problem = _decode_arguments(arguments)
+            if problem:
+                raise ValueError(problem)
+        result, error = await invoke(name, arguments)
+    except passes:
+        raise
+    except Exception as error:  # noqa: BLE001 - a failing tool is the model's problem, as in TRL
+        return ToolCallRecord(identifier, name, arguments, str({"error": str(error)}), str(error))
+    return ToolCallRecord(identifier, name, arguments, result, error)
+
+
+async def reward_funcs_total(reward_funcs: Sequence[Callable], call: Callable[..., Awaitable[Any]], *, prompt: Messages, completion: Messages,
+                             completion_ids: Optional[List[int]], row: Mapping[str, Any], step: int, reward_info: Dict[str, Any],
+                             environment: Any) -> float:
+    """The sum of TRL reward functions for one episode, each run by ``await call(function, **arguments)`` as TRL 1.16
+    calls it for a batch of this one episode: ``prompts=[prompt]``, ``completions=[completion]``,
+    ``completion_ids=[the token ids after the prompt]``, the row's other columns as one-element lists,
+    ``trainer_state`` (a `transformers.TrainerState` at `step`), ``log_extra(column, values)`` and
+    ``log_metric(name, value)`` (kept in `reward_info`, which the episode's last trajectory info and
+    `completions.jsonl` carry) and ``environments=[environment]``. A function that does not return one float
+    (or `None`, counted 0) in a list raises `ValueError` / `TypeError`."""
+    from transformers import TrainerState
+
+    def log_extra(column: str, values: Sequence[Any]) -> None:  # TRL's: a column of the completions table
+        reward_info.setdefault("log_extra", {})[column] = list(values)[0] if len(values) == 1 else list(values)
+
+    def log_metric(name: str, value: float) -> None:  # TRL's: a scalar a reward function reports
+        reward_info.setdefault("log_metric", {})[name] = value
+
+    columns = {key: [value] for key, value in row.items() if key not in NOT_REWARD_COLUMNS}
+    arguments = dict(prompts=[prompt], completions=[completion], completion_ids=[list(completion_ids or [])], **columns,
+                     trainer_state=TrainerState(global_step=step), log_extra=log_extra, log_metric=log_metric,
+                     environments=[environment])
+    total = 0.0
+    for function in reward_funcs:
+        values = await call(function, **arguments)
+        if not isinstance(values, (list, tuple)) or len(values) != 1:
+            raise ValueError(f"reward function {getattr(function, '__name__', function)!r} returned {values!r}; expected a list with one reward per completion (here one).")
+        total += _as_reward(values[0], getattr(function, "__name__", "reward function"))
+    return total
 
 
 def opening_messages(prompt: Any, observation: Any, owner: str) -> Messages:
@@ -345,6 +372,16 @@ def load_environment_factory(text: str) -> Union[Any, Dict[str, Any]]:
 def load_functions(text: Optional[str], option: str) -> List[Callable]:
     """``--tools`` / ``--reward_funcs``: comma-separated ``module:function`` or ``file.py:function`` specs."""
     return [load_object(item, option) for item in (text or "").split(",") if item.strip()]
+
+
+def as_functions(value: Union[Callable, Sequence[Callable], None], label: str) -> List[Callable]:
+    """`value` (a function, a list of them, or `None`) as a list; an item that is not callable raises a `TypeError`
+    naming `label` (TRL's reward model ids and models are not taken here)."""
+    functions = [value] if callable(value) else list(value or [])
+    for item in functions:
+        if not callable(item):
+            raise TypeError(f"{label}: {item!r} is a {type(item).__name__}, not a function.")
+    return functions
 
 
 def _as_reward(value: Any, source: str) -> float:

@@ -27,8 +27,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import verifiers as vf
 from verifiers.legacy.clients.client import Client
 from verifiers.legacy.envs.environment import Environment
-from verifiers.legacy.errors import OverlongPromptError
+from verifiers.legacy.errors import EmptyModelResponseError, OverlongPromptError
 
+from textenv.environments.kind import SimpleKind
 from textenv.gym.env import Env, Messages, RolloutInferRequest
 from textenv.gym.verifiers_messages import chat_dicts, is_v1_environment, model_response, tool_call_records
 
@@ -91,8 +92,9 @@ class EpisodeClient(Client):
         return None
 
 
-class VerifiersEnvironments:
-    """The verifiers environment of a `GymScheduler`, checked once; one `VerifiersEnvironment` per episode.
+class VerifiersEnvironments(SimpleKind):
+    """The verifiers environment of a `GymScheduler`, checked once; one `VerifiersEnvironment` per episode (the
+    environment kind ``"verifiers"``).
 
     Args:
         environment: a loaded classic verifiers environment (``vf.load_environment(...)``, or built directly).
@@ -105,12 +107,17 @@ class VerifiersEnvironments:
         ValueError: a completion-format environment (``message_type="completion"``, deprecated in verifiers).
     """
 
+    kind = "verifiers"
+
     def __init__(self, environment: Any, model_name: str = "textenv", sampling_args: Optional[dict] = None):
         check_drivable(environment)
         self.environment: Environment = environment
         self.model_name = model_name
         self.sampling_args = dict(sampling_args or {})
         self.name = environment.env_id or type(environment).__name__
+
+    def env_name(self, row: Mapping[str, Any]) -> str:
+        return self.name
 
     def serving(self) -> Any:
         """Nothing to serve: the rollouts ask `EpisodeClient`, in process."""
@@ -228,7 +235,11 @@ class VerifiersEnvironment(Env):
         reply = action[-1]
         self._turn += 1
         finish_reason = getattr(completion, "finish_reason", None)
-        self._reply.set_result(model_response(reply, finish_reason, self.environments.model_name, f"{self.rollout_input['example_id']}-{self._turn}"))
+        if not any(reply.get(key) for key in ("content", "tool_calls", "reasoning", "reasoning_content")):
+            # what verifiers' own chat client raises for such a reply: the rollout ends with has_error
+            self._reply.set_exception(EmptyModelResponseError("Model returned no content and did not call any tools"))
+        else:
+            self._reply.set_result(model_response(reply, finish_reason, self.environments.model_name, f"{self.rollout_input['example_id']}-{self._turn}"))
         request = await self._next_request()
         calls = reply.get("tool_calls") or []
         if request is None:

@@ -35,6 +35,7 @@ from verifiers.v1.types import SamplingConfig
 from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
 
 from textenv.engine.stopping import FINISH_LENGTH
+from textenv.environments.kind import SimpleKind
 from textenv.gym.env import Env, Messages, RolloutInferRequest
 from textenv.gym.verifiers_endpoint import ChatReply, ContextOverflow, EpisodeEndpoint
 from textenv.gym.verifiers_messages import chat_dicts, tool_call_records
@@ -155,8 +156,8 @@ def task_rows(environment: V1Env) -> List[Dict[str, Any]]:
     return [task.data.model_dump(mode="json", exclude_none=True) for task in environment.taskset]
 
 
-class V1Environments:
-    """The v1 env of a `GymScheduler`, checked once; its endpoint and verifiers' serving resources live for one
+class V1Environments(SimpleKind):
+    """The v1 env of a `GymScheduler` (the environment kind ``"verifiers-v1"``), checked once; its endpoint and verifiers' serving resources live for one
     `GymScheduler.run` (`serving`); one `V1Episode` per episode.
 
     Args:
@@ -165,6 +166,8 @@ class V1Environments:
         sampling (`dict`): what the rollouts record as sampling (``max_tokens``, ``temperature``); textenv's
             `generation_kwargs` decide how turns are generated.
     """
+
+    kind = "verifiers-v1"
 
     def __init__(self, environment: V1Env, model_name: str = "textenv", sampling: Optional[dict] = None):
         check_drivable_v1(environment)
@@ -187,6 +190,9 @@ class V1Environments:
 
     def adapter(self, row: Mapping[str, Any], index: int) -> "V1Episode":
         return V1Episode(self, row)
+
+    def env_name(self, row: Mapping[str, Any]) -> str:
+        return self.name
 
     def group_scoring(self, num_generations: int, finish, timeout: Optional[float]) -> None:
         """v1 scores each trace inside its episode: no group step."""

@@ -1,0 +1,56 @@
+"""A key-value store served over MCP (FastMCP, stdio): state that must never leak from one episode to another,
+and tools that fail, hang or end the server, for tests/test_mcp_servers.py."""
+
+import asyncio
+import os
+import sys
+
+from mcp.server.fastmcp import FastMCP
+
+server = FastMCP("kv", log_level="WARNING")
+store: dict = {}
+
+
+@server.tool()
+def put(key: str, value: str) -> str:
+    """Store a value under a key."""
+    store[key] = value
+    return f"stored {key}"
+
+
+@server.tool()
+def get(key: str) -> str:
+    """The value stored under a key."""
+    if key not in store:
+        raise KeyError(f"no value stored under {key!r}")
+    return store[key]
+
+
+@server.tool()
+def keys() -> str:
+    """Every key stored, comma-separated, or (empty)."""
+    return ",".join(sorted(store)) or "(empty)"
+
+
+@server.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Answer after some seconds (the server keeps reading its input meanwhile)."""
+    await asyncio.sleep(seconds)
+    return "finally"
+
+
+@server.tool()
+def crash() -> str:
+    """End the server at once, as a crash would."""
+    print("kv server: crashing on request", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    server.run()
