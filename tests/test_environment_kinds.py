@@ -155,3 +155,18 @@ def test_routed_kinds_serve_every_kind_and_stop_them_all_when_one_fails_to_start
     with pytest.raises(RuntimeError, match="did not start"):
         scheduler.run([{KIND_FIELD: "first"}])
     assert first.events == ["serving", "stopped"]
+
+
+def test_a_batch_of_several_kinds_logs_each_kinds_mean_reward():
+    from types import SimpleNamespace
+
+    import torch
+
+    from textenv.gym import GymEpisode
+    from textenv.training.loop import kind_rewards
+
+    episodes = [GymEpisode(row_index=i, env_kind=kind) for i, kind in enumerate(["math", "math", "game"])]
+    batch = SimpleNamespace(episodes=episodes, scores=[torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.25)])
+    assert kind_rewards(batch) == {"math": 0.5, "game": 0.25}
+    one_kind = SimpleNamespace(episodes=episodes[:2], scores=batch.scores[:2])
+    assert kind_rewards(one_kind) == {}

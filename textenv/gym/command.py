@@ -7,6 +7,8 @@ Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`,
         --gym_env guess_number --max_turns 4 --output completions.jsonl
     textenv rollout --model bundled --dataset examples/data/counter.jsonl --environment_factory examples/counter_env.py:CounterEnv
     PYTHONPATH=examples/verifiers textenv rollout --model bundled --task verifiers --env_id arithmetic --env_args '{"num_eval_examples": 8}'
+    textenv rollout --model bundled --task openenv --env_id guess_env.server.app:app --dataset rows.jsonl --max_concurrency 4
+    textenv rollout --model bundled --mcp_server "python kv_server.py" --reward_funcs rewards.py:stored --dataset prompts.jsonl
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from textenv.parsing import parse_options, settings_phase
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("gym", "verifiers")
+TASKS = ("gym", "verifiers", "openenv")
 
 
 @dataclass
@@ -33,8 +35,8 @@ class RolloutArguments:
     seed: int = field(default=0, metadata={"help": "seed of torch (sampling) and of a tiny model's weights"})
     task: str = field(
         default="gym",
-        metadata={"help": "gym (rows of --dataset played by --gym_env or --environment_factory) or verifiers (the verifiers "
-                          "environment --env_id: its eval rows, or --dataset)"},
+        metadata={"help": "gym (rows of --dataset played by --gym_env, --environment_factory or --mcp_server), verifiers (the verifiers "
+                          "environment --env_id: its eval rows, or --dataset) or openenv (rows of --dataset played by the OpenEnv environment --env_id)"},
     )
 
 
@@ -66,7 +68,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple:
     if rollout.task not in TASKS:
         raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {rollout.task!r}.")
     gym.check_task(rollout.task)
-    if not gym.dataset and not gym.env_id:
+    if not gym.dataset and (not gym.env_id or rollout.task == "openenv"):
         raise ValueError("no rows to play: give --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id), "
                          "or --task verifiers --env_id ID.")
     if rollout.num_generations < 1:

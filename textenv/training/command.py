@@ -45,7 +45,7 @@ from textenv.parsing import OptionParser, settings_phase
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("calculator", "gym", "verifiers")
+TASKS = ("calculator", "gym", "verifiers", "openenv")
 
 
 @dataclass
@@ -54,8 +54,9 @@ class RunArguments:
 
     task: str = field(
         default="calculator",
-        metadata={"help": "calculator (TextEnvironment with the Calculator tool), gym (rows of --dataset played by --gym_env or "
-                          "--environment_factory) or verifiers (the verifiers environment --env_id)"},
+        metadata={"help": "calculator (TextEnvironment with the Calculator tool), gym (rows of --dataset played by --gym_env, "
+                          "--environment_factory or --mcp_server), verifiers (the verifiers environment --env_id) or openenv (rows of "
+                          "--dataset played by the OpenEnv environment --env_id)"},
     )
     ppo_steps: Optional[int] = field(
         default=None,
@@ -123,8 +124,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> TrainOptions:
     run = options.run
     if run.task not in TASKS:
         raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {run.task!r}.")
-    if run.task == "gym" and not options.gym.dataset:
-        raise ValueError("--task gym needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
+    if run.task in ("gym", "openenv") and not options.gym.dataset:
+        raise ValueError(f"--task {run.task} needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id).")
     options.gym.check_task(run.task)
     if run.report_to not in ("none", "tensorboard", "wandb", "trackio"):
         raise ValueError(f"--report_to must be none, tensorboard, wandb or trackio, got {run.report_to!r}.")
@@ -256,7 +257,7 @@ def push(folder: Path, options: TrainOptions, rewards: list[float]) -> str:
             "run": {key: value for key, value in asdict(run).items() if key != "hub_token"},
             "algorithm": asdict(options.algorithm),
             "episode": asdict(options.episode),
-            "gym": asdict(options.gym) if run.task == "gym" else None,
+            "gym": asdict(options.gym) if run.task in ("gym", "openenv") else None,
             "model": asdict(model_config),
         },
     }
@@ -312,7 +313,7 @@ def check_ranks_agree(trainer) -> Optional[str]:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Run `textenv train` and return its figures (steps run, mean rewards, the output folder, the step logs)."""
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
-    from textenv.training.loop import train
+    from textenv.training.loop import kind_rewards, train
 
     with settings_phase():
         options = parse(argv)
@@ -332,7 +333,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     def on_step(log) -> None:
         synced = "" if log.weight_sync_seconds is None else f" weight_sync={log.weight_sync_seconds:.2f}s"
-        logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f} kl={log.kl:.4f}{synced}")
+        kinds = "".join(f" {kind}={reward:.3f}" for kind, reward in kind_rewards(log.batch).items())
+        logger.info(f"step {log.step + 1}: reward_mean={log.reward_mean:.3f}{kinds} kl={log.kl:.4f}{synced}")
         if run.save_steps and (log.step + 1) % run.save_steps == 0:
             sources = gather_object([log.source_state])  # one per process, in rank order, as of this step's batch
             extra = {"sources": sources, "episodes_ahead": log.episodes_ahead}

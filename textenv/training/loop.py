@@ -184,11 +184,24 @@ def train(
     return logs
 
 
+def kind_rewards(batch) -> dict:
+    """``{kind: mean score}`` of a batch whose episodes played several environment kinds (`GymEpisode.env_kind`);
+    ``{}`` when they played one (or are not Gym episodes)."""
+    by_kind: dict = {}
+    for episode, score in zip(batch.episodes, batch.scores):
+        kind = getattr(episode, "env_kind", None)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(float(score))
+    return {kind: sum(scores) / len(scores) for kind, scores in by_kind.items()} if len(by_kind) > 1 else {}
+
+
 def _add_loop_stats(stats: dict, log: StepLog, max_staleness: int) -> None:
-    """The loop's own figures among the trainer's statistics: the weight sync (when one ran) and, with rollouts
-    played ahead, the staleness and the waits (in step they are 0, and the statistics stay the trainer's)."""
+    """The loop's own figures among the trainer's statistics: the weight sync (when one ran), each environment
+    kind's mean reward when a batch played several (``env/<kind>/reward_mean``) and, with rollouts played ahead,
+    the staleness and the waits (in step they are 0, and the statistics stay the trainer's)."""
     if log.weight_sync_seconds is not None:
         stats["time/weight_sync"] = log.weight_sync_seconds
+    stats.update({f"env/{kind}/reward_mean": reward for kind, reward in kind_rewards(log.batch).items()})
     if max_staleness:
         stats.update({
             "rollout/staleness_mean": log.staleness_mean,

@@ -110,9 +110,10 @@ def summarise_steps(episodes: Sequence[Record], phases: Sequence[str] = TRAINING
     return [{"step": step, **step_summary(by_step[step]), "kl": None} for step in sorted(by_step)]
 
 
-def phase_summaries(episodes: Sequence[Record]) -> List[Dict[str, Any]]:
-    """Per phase (in first-seen order): the episode count, mean reward, accuracy and tool calls."""
-    phases: Dict[Optional[str], List[Record]] = {}
+def phase_summaries(episodes: Sequence[Record], key: str = "phase") -> List[Dict[str, Any]]:
+    """Per value of `key` (``"phase"``, or ``"env_kind"`` for the environment kinds), in first-seen order: the
+    episode count, mean reward, accuracy and tool calls."""
+    groups: Dict[Optional[str], List[Record]] = {}
     for record in episodes:
-        phases.setdefault(record.get("phase"), []).append(record)
-    return [{"phase": phase, **step_summary(records)} for phase, records in phases.items()]
+        groups.setdefault(record.get(key), []).append(record)
+    return [{key: value, **step_summary(records)} for value, records in groups.items()]

@@ -139,14 +139,14 @@ def gym_record(episode: Any, tokenizer=None) -> Record:
     """A `GymEpisode`'s record: segments and tool calls from its messages and step infos, its tokens."""
     record = _messages_record(episode.messages, episode.trajectory_infos, episode.total_reward, episode.finish_reason, episode.error)
     return {**record, "tokens": history_tokens(episode.history, tokenizer), "trajectory_id": episode.trajectory_id,
-            "tool_calls_cut": episode.tool_calls_cut}
+            "tool_calls_cut": episode.tool_calls_cut, "env_kind": episode.env_kind}
 
 
 def completion_line_record(line: Mapping[str, Any]) -> Record:
     """The record of a `completions.jsonl` line (no tokens: the line has none)."""
     record = _messages_record(line.get("messages") or [], line.get("trajectory_infos") or [], line.get("total_reward"), line.get("finish_reason"), line.get("error"))
     return {"step": int(line.get("step") or 0), "phase": "rollout", **record, "tokens": None, "trajectory_id": line.get("trajectory_id"),
-            "tool_calls_cut": int(line.get("tool_calls_cut") or 0)}
+            "tool_calls_cut": int(line.get("tool_calls_cut") or 0), "env_kind": line.get("env_kind")}
 
 
 def _messages_record(messages: Sequence[Mapping], infos: Sequence[Any], reward: Any, finish_reason: Optional[str], error: Any) -> Record:

@@ -74,19 +74,24 @@
     else byId("figure-kl").remove();
   }
 
-  function drawPhases() {
-    if (!DATA.phases.length) return;
-    const table = el("table", { id: "phase-table" });
+  function summaryTable(rows, key, label, title) {
+    if (!rows.length) return;
+    const table = el("table", { id: `${key}-table` });
     const head = el("tr");
-    ["phase", "episodes", "mean reward", "accuracy", "tool calls", "tool errors"].forEach((name) => head.appendChild(el("th", {}, name)));
+    [label, "episodes", "mean reward", "accuracy", "tool calls", "tool errors"].forEach((name) => head.appendChild(el("th", {}, name)));
     table.appendChild(head);
-    for (const phase of DATA.phases) {
+    for (const summary of rows) {
       const row = el("tr");
-      [phase.phase, phase.episodes, fmt(phase.reward_mean), fmt(phase.accuracy), phase.tool_calls, phase.tool_errors].forEach((value) => row.appendChild(el("td", {}, value)));
+      [summary[key], summary.episodes, fmt(summary.reward_mean), fmt(summary.accuracy), summary.tool_calls, summary.tool_errors].forEach((value) => row.appendChild(el("td", {}, value)));
       table.appendChild(row);
     }
-    byId("phases").appendChild(el("h2", {}, "Episodes by phase"));
+    byId("phases").appendChild(el("h2", {}, title));
     byId("phases").appendChild(table);
+  }
+
+  function drawPhases() {
+    summaryTable(DATA.phases, "phase", "phase", "Episodes by phase");
+    summaryTable(DATA.kinds || [], "env_kind", "environment kind", "Episodes by environment kind");
   }
 
   // ------------------------------------------------------------------------------------------ filters
@@ -105,7 +110,12 @@
     fillSelect("filter-step", unique(EPISODES.map((e) => e.step)).sort((a, b) => a - b), "all");
     fillSelect("filter-tool", ["(no tool call)"].concat(unique(EPISODES.flatMap((e) => (e.tool_calls || []).map((call) => call.name))).sort()), "any");
     fillSelect("filter-finish", unique(EPISODES.map(finishOf)).sort(), "any");
-    for (const id of ["filter-phase", "filter-step", "filter-tool", "filter-finish", "filter-error"]) byId(id).addEventListener("change", update);
+    const kinds = unique(EPISODES.map((e) => e.env_kind).filter((kind) => kind !== null && kind !== undefined)).sort();
+    if (kinds.length > 1) fillSelect("filter-kind", kinds, "all");
+    else byId("kind-filter").remove();  // one kind (or none): nothing to choose
+    for (const id of ["filter-phase", "filter-step", "filter-kind", "filter-tool", "filter-finish", "filter-error"]) {
+      if (byId(id)) byId(id).addEventListener("change", update);
+    }
     for (const id of ["filter-reward-min", "filter-reward-max", "filter-text"]) byId(id).addEventListener("input", update);
     byId("filter-reset").addEventListener("click", () => {
       document.querySelectorAll("#filters select, #filters input").forEach((input) => { input.value = ""; });
@@ -117,6 +127,7 @@
   function matches(episode, filters) {
     if (filters.phase && episode.phase !== filters.phase) return false;
     if (filters.step && String(episode.step) !== filters.step) return false;
+    if (filters.kind && String(episode.env_kind) !== filters.kind) return false;
     if (filters.min !== "" && !(episode.reward >= Number(filters.min))) return false;
     if (filters.max !== "" && !(episode.reward <= Number(filters.max))) return false;
     const names = (episode.tool_calls || []).map((call) => call.name);
@@ -134,7 +145,8 @@
 
   function currentFilters() {
     return {
-      phase: byId("filter-phase").value, step: byId("filter-step").value, min: byId("filter-reward-min").value,
+      phase: byId("filter-phase").value, step: byId("filter-step").value, kind: byId("filter-kind") ? byId("filter-kind").value : "",
+      min: byId("filter-reward-min").value,
       max: byId("filter-reward-max").value, tool: byId("filter-tool").value, finish: byId("filter-finish").value,
       error: byId("filter-error").value, text: byId("filter-text").value,
     };

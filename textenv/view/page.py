@@ -53,7 +53,9 @@ def script_json(data: Any) -> str:
 
 def page_data(run: RunData, title: str) -> Dict[str, Any]:
     """What the page's script reads: the title, the files read, the episodes, the steps and a summary per phase."""
-    data = {"title": title, "sources": run.sources, "episodes": run.episodes, "steps": run.steps, "phases": phase_summaries(run.episodes)}
+    kinds = phase_summaries(run.episodes, "env_kind")
+    data = {"title": title, "sources": run.sources, "episodes": run.episodes, "steps": run.steps, "phases": phase_summaries(run.episodes),
+            "kinds": kinds if len(kinds) > 1 else []}  # a table only when a run played several environment kinds
     return _finite(data)
 
 

@@ -5,7 +5,8 @@ A run directory holds
 - `episodes.jsonl`: one line per episode (see `textenv.view.episodes`): every episode a PPO step trained on
   (phase ``"train"``) and the evaluation episodes recorded with `record_episodes`;
 - `steps.jsonl`: one line per PPO step: `step`, `reward_mean`, `accuracy`, `kl`, `kl_coef`, `episodes`,
-  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `episode_seconds`, `ppo_seconds`, `time` (unix),
+  `tool_calls`, `tool_errors`, `tool_calls_by_name`, `tool_calls_cut`, `kinds` (Gym episodes: per environment kind, the
+  episodes, mean reward and accuracy), `episode_seconds`, `ppo_seconds`, `time` (unix),
   and the rollouts' overlap with training (`textenv.training.train(max_staleness=...)`; all 0 in step):
   `wait_seconds` (the trainer waiting for episodes), `pause_seconds` (the servers paused for the weight update),
   `staleness_mean` and `staleness_max` (policy versions between the turns' weights and the trained ones), and on
@@ -45,7 +46,8 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
 
     Returns:
         ``{"reward_mean", "accuracy", "episodes", "tool_calls", "tool_errors", "tool_calls_by_name", "tool_calls_cut"}``
-        (`tool_calls_cut`: model turns that reached `max_new_tokens` inside a tool call)
+        (`tool_calls_cut`: model turns that reached `max_new_tokens` inside a tool call), and `kinds` when the
+        records name their environment kind (`kind_summaries`)
         (`reward_mean` and `accuracy` are `None` without a scored episode).
     """
     rewards = [record["reward"] for record in records if record.get("reward") is not None]
@@ -58,7 +60,25 @@ def step_summary(records: Sequence[Record]) -> Dict[str, Any]:
         "tool_errors": sum(bool(call.get("error")) for call in calls),
         "tool_calls_by_name": dict(Counter(call.get("name") or "" for call in calls)),
         "tool_calls_cut": sum(int(record.get("tool_calls_cut") or 0) for record in records),
+        **kind_summaries(records),
     }
+
+
+def kind_summaries(records: Sequence[Record]) -> Dict[str, Any]:
+    """``{"kinds": {kind: {"episodes", "reward_mean", "accuracy"}}}`` for the records that name their environment
+    kind (Gym front end episodes), or ``{}`` when none does."""
+    by_kind: Dict[str, List[float]] = {}
+    for record in records:
+        if record.get("env_kind") is not None:
+            rewards = by_kind.setdefault(str(record["env_kind"]), [])
+            if record.get("reward") is not None:
+                rewards.append(record["reward"])
+    if not by_kind:
+        return {}
+    counts = Counter(str(record["env_kind"]) for record in records if record.get("env_kind") is not None)
+    return {"kinds": {kind: {"episodes": counts[kind], "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+                             "accuracy": sum(reward >= SOLVED_REWARD for reward in rewards) / len(rewards) if rewards else None}
+                      for kind, rewards in by_kind.items()}}
 
 
 def set_aside_previous_run(run_dir: Union[str, Path]) -> Optional[Path]:
