@@ -35,7 +35,7 @@ ENVIRONMENTS = {
 
 
 def load(name: str):
-    from textenv.gym.verifiers_envs import load_verifiers_environment
+    from textenv.environments.verifiers import load_verifiers_environment
 
     folder, env_args = ENVIRONMENTS[name]
     sys.path.insert(0, str(folder))

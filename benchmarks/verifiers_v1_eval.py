@@ -77,7 +77,7 @@ def main() -> None:
 
     from textenv.chat.templates import tool_chat_template
     from textenv.gym import GymScheduler
-    from textenv.gym.verifiers_v1 import load_v1_environment, task_rows
+    from textenv.environments.verifiers_v1 import load_v1_environment, task_rows
     from textenv.models import load_bundled_model
     from textenv.vllm.client import VLLMServerClient
 

@@ -99,7 +99,7 @@ def tool_schemas_of(spec: str) -> List[dict]:
         ValueError: `spec` names nothing that has tools.
     """
     from textenv.gym.registry import load_object
-    from textenv.gym.trl_environments import tool_methods, tool_schemas
+    from textenv.environments.trl import tool_methods, tool_schemas
 
     target = load_object(spec, "--tools")
     if getattr(target, "tool_schemas", None):

@@ -1,6 +1,6 @@
 """Which environment kind a run plays: the one argument of `GymScheduler` that names it (`chosen_kind`), and
 for a loaded verifiers environment the adapter that plays it (`verifiers_kind`: classic, verifiers 0.3,
-`textenv.gym.verifiers_envs`, or v1 tasksets, verifiers 0.4.0, `textenv.gym.verifiers_v1`; verifiers is
+`textenv.environments.verifiers`, or v1 tasksets, verifiers 0.4.0, `textenv.environments.verifiers_v1`; verifiers is
 imported only then)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def chosen_kind(
         TypeError: `environments` is not a kind nor a dict of kinds.
     """
     from textenv.gym.registry import RegisteredEnvs
-    from textenv.gym.trl_environments import TrlEnvironments
+    from textenv.environments.trl import TrlEnvironments
 
     if environments is not None and (gym_env, environment_factory, verifiers_env) != (None, None, None):
         raise ValueError("GymScheduler: environments= names every kind this run plays; leave gym_env, environment_factory and verifiers_env out.")
@@ -67,7 +67,7 @@ def verifiers_kind(verifiers_env: Any, model: Any = None, generation_kwargs: Opt
         TypeError: a v1 environment while verifiers 0.4.0 is not installed.
         ImportError: a classic environment while verifiers 0.3 is not installed.
     """
-    from textenv.gym.verifiers_messages import V1_RELEASE, installed_verifiers, is_v1_environment
+    from textenv.environments.verifiers_messages import V1_RELEASE, installed_verifiers, is_v1_environment
 
     name = getattr(getattr(model, "config", None), "_name_or_path", None) or "textenv"
     kwargs = generation_kwargs or {}
@@ -80,11 +80,11 @@ def verifiers_kind(verifiers_env: Any, model: Any = None, generation_kwargs: Opt
                 f"verifiers 0.4.0 (pip install 'textenv[verifiers-v1]'), and verifiers {installed} is installed (its v1 is a "
                 "preview textenv does not drive; its classic environments are supported)."
             )
-        from textenv.gym.verifiers_v1 import V1Environments
+        from textenv.environments.verifiers_v1 import V1Environments
 
         return V1Environments(verifiers_env, model_name=name, sampling=sampling)
     try:
-        from textenv.gym.verifiers_envs import VerifiersEnvironments
+        from textenv.environments.verifiers import VerifiersEnvironments
     except ImportError as error:
         raise ImportError(f"verifiers_env needs verifiers 0.3 for a classic environment ({error}): pip install 'textenv[verifiers]'.") from error
     return VerifiersEnvironments(verifiers_env, model_name=name, sampling_args=sampling)

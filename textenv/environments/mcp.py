@@ -16,7 +16,7 @@ command, arguments, environment or working folder is replaced by it (also in ``$
   answers as TRL does (``{'error': ...}``). A reply without a call ends the episode.
 - A server that exits during the episode ends that episode only, with the reason and its stderr's last lines.
 - The episode's reward comes from TRL reward functions ``f(prompts, completions, **kwargs) -> list[float]``, called
-  as TRL calls them (`textenv.gym.trl_environments.reward_funcs_total`); ``environments=[episode]`` is this
+  as TRL calls them (`textenv.environments.trl.reward_funcs_total`); ``environments=[episode]`` is this
   episode's `McpEpisode`, whose `call_tool` lets an async reward function read the server's final state.
 - `close` ends the session and the processes (stdin closed, then SIGTERM, then SIGKILL: the SDK's shutdown).
 
@@ -39,8 +39,8 @@ from textenv.asyncio_bridge import run_sync
 from textenv.environments.kind import SimpleKind
 from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec
 from textenv.gym.env import Env, Messages, RolloutInferRequest
-from textenv.gym.environment_thread import EnvironmentThread
-from textenv.gym.trl_environments import as_functions, call_environment_code, opening_messages, reward_funcs_total, run_tool_calls
+from textenv.environments.environment_thread import EnvironmentThread
+from textenv.environments.trl import as_functions, call_environment_code, opening_messages, reward_funcs_total, run_tool_calls
 
 SCOPES = ("episode", "run")
 DEFAULT_START_TIMEOUT = 60.0  # seconds a server may take to start (a Python server imports for about a second)

@@ -39,7 +39,7 @@ from textenv.checks import check_positive_int
 from textenv.environments.kind import KIND_FIELD, SimpleKind
 from textenv.environments.openenv_server import OpenEnvServer
 from textenv.gym.env import Env, Messages, RolloutInferRequest
-from textenv.gym.trl_environments import run_tool_call
+from textenv.environments.trl import run_tool_call
 
 NOT_RESET_COLUMNS = (KIND_FIELD, "env_config", "ctx_config")  # textenv's own columns, not the environment's
 NOT_TEXT_FIELDS = ("reward", "done", "metadata")  # observation fields that never go to the model

@@ -1,5 +1,5 @@
-"""The Gym front end: the ms-swift (>= 3.8) Gym interface, TRL 1.x environments and verifiers environments,
-played by the one episode driver on the engine entry.
+"""The Gym front end: the ms-swift (>= 3.8) Gym interface and `GymScheduler`, which plays every environment kind
+(`textenv.environments`: TRL 1.x, verifiers, OpenEnv, MCP) by the one episode driver on the engine entry.
 
 - `env`: the contracts `Env` and `ContextManager`, and `RolloutInferRequest`, `RolloutOutput`, `Message(s)`;
 - `registry`: `envs` / `context_managers` (name -> class), `register_env`, `register_context_manager`,
@@ -10,19 +10,17 @@ played by the one episode driver on the engine entry.
   `completions.jsonl` line); `RunStats`;
 - `play`: `GymPlay`, one row's episode as the driver plays it (env, context manager, `textenv.chat.Transcript`);
 - `episode`: `GymEpisode`, a finished episode with its `TextHistory`;
-- `trl_environments`: `TrlEnvironments` / `TrlEnvironment`, TRL 1.x `environment_factory` classes run as `Env`s;
-  `environment_thread`: `EnvironmentThread`, the thread an episode's sync environment code runs on;
-- `verifiers_envs`: classic verifiers environments (0.3) run as `Env`s (``GymScheduler(verifiers_env=...)``);
-  `verifiers_v1`: verifiers v1 tasksets (0.4) run as `Env`s, `load_v1_environment`; `verifiers_endpoint`: the
-  OpenAI-compatible endpoint their harness asks; `verifiers_messages`: messages between verifiers and textenv;
+- `trl_environments`, `environment_thread`, `verifiers_envs`, `verifiers_v1`, `verifiers_endpoint`,
+  `verifiers_messages`: aliases of the modules that moved to `textenv.environments` (`trl`, `verifiers`, ...),
+  where every environment kind has its module; `TrlEnvironments` / `TrlEnvironment` are still re-exported here;
 - `rows`: `load_rows`, `make_request`; `completions`: `CompletionsLog`, `read_completions`;
 - `training`: `ppo_batch`, `GymSource` (the training loop's episode source), `evaluate`;
 - `batching`: `BatchedGenerator`, the driver's generator around a batch function; `policy`: `ScriptedPolicy`;
 - `validation`: `EnvContractError` and the checks on what envs and context managers return;
 - `command`: `textenv rollout`.
 
-Each kind of environment here meets the adapter contract of `textenv.environments.kind` (`RegisteredEnvs`,
-`TrlEnvironments`, the verifiers adapters); `GymScheduler(environments=...)` plays any kind of that contract.
+The registered Gym envs (`RegisteredEnvs`) are one kind of the adapter contract of `textenv.environments.kind`;
+`GymScheduler(environments=...)` plays any kind of that contract (TRL, verifiers, OpenEnv, MCP, or your own).
 
 May import: textenv.asyncio_bridge, textenv.chat, textenv.checks, textenv.engine, textenv.environment (TextHistory, the tag syntax), textenv.environments (the adapter contract every kind here meets; a cycle), textenv.episodes, textenv.jsonl, textenv.logs, textenv.options (textenv rollout's options; a cycle), textenv.parsing (textenv rollout's parser and settings errors), textenv.tools, textenv.training (GymSource's batch and evaluation, the policy loader; a cycle), textenv.view (SOLVED_REWARD; a cycle)
 """
@@ -46,7 +44,7 @@ from textenv.gym.registry import (
 from textenv.gym.rows import load_rows, make_request
 from textenv.gym.scheduler import EnvTimeoutError, GymScheduler, RunStats
 from textenv.gym.training import GymSource, evaluate, ppo_batch
-from textenv.gym.trl_environments import TrlEnvironment, TrlEnvironments
+from textenv.environments.trl import TrlEnvironment, TrlEnvironments  # noqa: E402 - after textenv.gym's own modules (a cycle)
 from textenv.gym.validation import EnvContractError
 
 __all__ = [

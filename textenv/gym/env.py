@@ -138,7 +138,7 @@ class Env(ABC):
 
         Called once, before `close`, when the episode ended without an error (`done`, `max_turns` or
         `max_length`), with the final conversation. The default returns `None`: nothing is added. The TRL
-        adapter (`textenv.gym.trl_environments`) scores an episode here with `get_reward` and `reward_funcs`.
+        adapter (`textenv.environments.trl`) scores an episode here with `get_reward` and `reward_funcs`.
 
         Args:
             messages (`list[dict]`): a copy of the final conversation (opening included).

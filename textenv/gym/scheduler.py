@@ -143,7 +143,7 @@ class GymScheduler:
             each row's episodes are scored together by its rubric (`score_group`): the episode's
             `final_reward` is verifiers' reward, its last trajectory info holds the metrics. The
             environment's own `max_turns` and stop conditions end episodes, so `max_turns` must be `None`.
-            See `textenv.gym.verifiers_envs`.
+            See `textenv.environments.verifiers`.
         environments (`EnvironmentKind` or `dict[str, EnvironmentKind]`, *optional*): any environment kind
             (`textenv.environments.EnvironmentKind`: OpenEnv servers, MCP tool servers, or the kinds above built
             directly), or several by name, each row's `env_kind` column naming the one that plays it (per-kind
