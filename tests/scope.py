@@ -66,6 +66,8 @@ VERSION_INDEPENDENT = {
                 "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler_*, "
                 "test_trl_environments_* and test_train_command run in both halves")
        for module in ("test_verifiers_adapter.py", "test_verifiers_parity.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
+    "test_mixed_kinds.py": ("verifiers and OpenEnv kinds in one run: both are installed in the main environment only; the "
+                            "routing and the scheduler run in both halves in test_environment_kinds"),
     "test_mcp_servers.py": ("MCP tool servers: the mcp SDK (textenv[mcp]) is installed in the main environment only; the adapter "
                             "reaches transformers and trl through the chat rendering and the engine that test_gym_scheduler_* run in "
                             "both halves"),

@@ -51,12 +51,15 @@ def chosen_kind(
             )
         return verifiers_kind(verifiers_env, model, generation_kwargs)
     if isinstance(environments, Mapping):
-        return RoutedKinds(environments)
-    if environments is not None:
-        if not isinstance(environments, EnvironmentKind):
-            raise TypeError(f"environments: a {type(environments).__name__} is not an environment kind (textenv.environments.EnvironmentKind), nor a dict of them.")
-        return environments
-    return RegisteredEnvs(gym_env)
+        environments = RoutedKinds(environments)
+    if environments is None:
+        return RegisteredEnvs(gym_env)
+    if not isinstance(environments, EnvironmentKind):
+        raise TypeError(f"environments: a {type(environments).__name__} is not an environment kind (textenv.environments.EnvironmentKind), nor a dict of them.")
+    if environments.ends_its_episodes and max_turns is not None:
+        raise ValueError(f"GymScheduler: max_turns={max_turns} with a verifiers kind among environments; its own max_turns ends its "
+                         "episodes: leave max_turns=None (the other kinds then need their own end: done, or max_length).")
+    return environments
 
 
 def verifiers_kind(verifiers_env: Any, model: Any = None, generation_kwargs: Optional[dict] = None) -> EnvironmentKind:

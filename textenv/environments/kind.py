@@ -39,9 +39,12 @@ class EnvironmentKind(Protocol):
     Attributes:
         kind (`str`): the kind's name, recorded in each episode (``"gym"``, ``"trl"``, ``"verifiers"``,
             ``"verifiers-v1"``, ``"openenv"``, ``"mcp"``).
+        ends_its_episodes (`bool`): the kind's own turn limit and stop conditions end its episodes, so a run
+            that plays it takes no `max_turns` (verifiers).
     """
 
     kind: str
+    ends_its_episodes: bool
 
     def env_name(self, row: Mapping[str, Any]) -> Optional[str]:
         """The name an episode of `row` is logged under (its `env` in `completions.jsonl`)."""
@@ -68,6 +71,7 @@ class SimpleKind:
     """Defaults for a kind whose episodes need nothing for the whole run and score themselves."""
 
     kind = "env"
+    ends_its_episodes = False
 
     def serving(self) -> AsyncContextManager[None]:
         return contextlib.nullcontext()
@@ -95,6 +99,7 @@ class RoutedKinds:
             if not isinstance(kind, EnvironmentKind):
                 raise TypeError(f"environments[{name!r}] is a {type(kind).__name__}, not an environment kind (textenv.environments.EnvironmentKind).")
         self.kinds: Dict[str, EnvironmentKind] = dict(kinds)
+        self.ends_its_episodes = any(kind.ends_its_episodes for kind in self.kinds.values())
 
     def route(self, row: Mapping[str, Any]) -> tuple[str, EnvironmentKind]:
         """`(name, kind)` of the kind `row` names.

@@ -108,6 +108,7 @@ class VerifiersEnvironments(SimpleKind):
     """
 
     kind = "verifiers"
+    ends_its_episodes = True  # the environment's own max_turns and stop conditions
 
     def __init__(self, environment: Any, model_name: str = "textenv", sampling_args: Optional[dict] = None):
         check_drivable(environment)

@@ -168,6 +168,7 @@ class V1Environments(SimpleKind):
     """
 
     kind = "verifiers-v1"
+    ends_its_episodes = True  # the environment's own max_turns and stop conditions
 
     def __init__(self, environment: V1Env, model_name: str = "textenv", sampling: Optional[dict] = None):
         check_drivable_v1(environment)
