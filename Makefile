@@ -52,9 +52,9 @@ environments: disk-space
 	@$(MAKE) --no-print-directory chromium
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(LOWER_STAMP) vllm-optional
 
-# A fresh set-up writes about 8 GiB (GiB per environment below) and pip's temporary files (2 GiB): check the disk
+# A fresh set-up writes about 9 GiB (GiB per environment below) and pip's temporary files (2 GiB): check the disk
 # first, so that a full disk is said as such before any install, not as pip's OSError halfway through one.
-ENVIRONMENT_GIB := $(STAMP):2 $(LOWER_STAMP):3 $(VLLM_STAMP):5
+ENVIRONMENT_GIB := $(STAMP):3 $(LOWER_STAMP):3 $(VLLM_STAMP):5
 disk-space:
 	@needed=2; for entry in $(ENVIRONMENT_GIB); do [ -e $${entry%:*} ] || needed=$$((needed + $${entry##*:})); done; \
 	free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
