@@ -66,6 +66,10 @@ VERSION_INDEPENDENT = {
                 "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler_*, "
                 "test_trl_environments_* and test_train_command run in both halves")
        for module in ("test_verifiers_adapter.py", "test_verifiers_parity.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
+    "test_environment_cli.py": ("textenv rollout / train with OpenEnv and MCP servers: openenv and the MCP servers are installed in the "
+                                "main environment only; the commands run in both halves in test_gym_cli and test_train_command"),
+    "test_benchmark_openenv.py": ("the OpenEnv side-by-side benchmark: openenv is installed in the main environment only; the scheduler "
+                                  "and engine it times run in both halves"),
     "test_mixed_kinds.py": ("verifiers and OpenEnv kinds in one run: both are installed in the main environment only; the "
                             "routing and the scheduler run in both halves in test_environment_kinds"),
     "test_mcp_servers.py": ("MCP tool servers: the mcp SDK (textenv[mcp]) is installed in the main environment only; the adapter "

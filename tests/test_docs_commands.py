@@ -45,7 +45,7 @@ def check(command: DocumentedCommand) -> None:
 def test_commands_are_found_in_every_kind_of_place():
     places = {command.where.split(":")[0].split(" (")[0] for command in COMMANDS}
     expected = {"README.md", "docs/getting-started.md", "docs/guides/cli.md", "docs/guides/grpo.md", "docs/guides/gym.md",
-                "docs/guides/trl-environments.md", "docs/guides/verifiers.md", "examples/gym_env.py", "textenv --help",
+                "docs/guides/trl-environments.md", "docs/guides/verifiers.md", "docs/guides/environments.md", "examples/gym_env.py", "textenv --help",
                 *(f"textenv {name} --help" for name in ("train", "rollout", "serve", "view")), "examples/calculator.py --help"}
     assert expected <= places, f"no command found in {sorted(expected - places)}"
     assert any(command.environment for command in LINES) and any("/" in command.text.split("textenv")[0] for command in LINES)
@@ -195,7 +195,8 @@ def test_a_documented_train_line_trains_one_step(tmp_path, where, start, run_dir
 @pytest.mark.parametrize("where, start, episodes", [
     ("docs/guides/gym.md", "textenv rollout", 32),
     ("docs/guides/verifiers.md", "PYTHONPATH=examples/verifiers textenv rollout", 8),
-], ids=["gym", "verifiers"])
+    ("docs/guides/environments.md", "PYTHONPATH=examples/openenv textenv rollout", 32),
+], ids=["gym", "verifiers", "openenv"])
 def test_a_documented_rollout_line_writes_its_episodes(tmp_path, where, start, episodes):
     command = documented(where, start)
     assert_ran(run_as_typed(command, tmp_path, ["--no_progress"]), command)

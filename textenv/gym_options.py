@@ -61,7 +61,7 @@ class GymArguments:
         if self.mcp_server and not self.reward_funcs:
             raise ValueError("--mcp_server needs --reward_funcs module:f (the episode's reward: MCP servers give tools, not rewards).")
         if self.env_id and (self.gym_env or self.environment_factory):
-            raise ValueError("--env_id (a verifiers environment) chooses the env; leave out --gym_env and --environment_factory.")
+            raise ValueError("--env_id (a verifiers or OpenEnv environment) chooses the env; leave out --gym_env and --environment_factory.")
         if self.env_args is not None:
             if not self.env_id:
                 raise ValueError("--env_args goes with --env_id (the verifiers environment it configures).")
@@ -86,21 +86,32 @@ class GymArguments:
         """`--task verifiers` or `--task openenv` and `--env_id` go together (`textenv rollout` and `textenv train`).
 
         Raises:
-            ValueError: one without the other, or `--max_sessions` without `--task openenv`.
+            ValueError: one without the other, `--max_sessions` without `--task openenv` or below `--max_concurrency`,
+                `--mcp_server` without `--task gym`.
         """
         if (task in ("verifiers", "openenv")) != bool(self.env_id):
             named = task if task in ("verifiers", "openenv") else "verifiers"
             raise ValueError(f"--task {named} needs --env_id (the environment), and --env_id needs --task verifiers or --task openenv.")
         if self.max_sessions is not None and task != "openenv":
             raise ValueError("--max_sessions goes with --task openenv (the OpenEnv server's session cap).")
+        if self.mcp_server and task != "gym":
+            raise ValueError(f"--mcp_server goes with --task gym (the rows of --dataset played with MCP tool servers), not --task {task}.")
         if task == "openenv":
             if self.env_args is not None:
                 raise ValueError("--env_args configures a verifiers environment; an OpenEnv environment takes its settings from each row's columns.")
+            if self.max_sessions is not None and self.max_sessions < self.max_concurrency:
+                raise ValueError(f"--max_sessions {self.max_sessions} is below --max_concurrency {self.max_concurrency}: each live episode holds one "
+                                 f"of the server's sessions; pass --max_concurrency {self.max_sessions} too.")
             self.env_kind = "openenv"
 
     def environment_kind(self):
         """The `GymScheduler`'s `environments`: the OpenEnv environment of ``--task openenv --env_id`` or the MCP
-        servers of `--mcp_server` (`None` for the other kinds, which take their own arguments)."""
+        servers of `--mcp_server` (`None` for the other kinds, which take their own arguments), checked when built,
+        before any model loads: the MCP servers are started once, the OpenEnv server served once.
+
+        Raises:
+            ValueError: a server that does not start or answer (with its stderr's or log's last lines).
+        """
         if not hasattr(self, "_environment_kind"):
             self._environment_kind = self._built_kind()
         return self._environment_kind
@@ -108,16 +119,29 @@ class GymArguments:
     def _built_kind(self):
         if self.mcp_server:  # its servers start once here, to check them before any model loads
             from textenv.environments.mcp import McpServers
-            from textenv.gym.trl_environments import load_functions
+            from textenv.environments.mcp_session import McpServerError
+            from textenv.environments.trl import load_functions
 
-            return McpServers(self.mcp_server, reward_funcs=load_functions(self.reward_funcs, "--reward_funcs"))
+            reward_funcs = load_functions(self.reward_funcs, "--reward_funcs")
+            try:
+                return McpServers(self.mcp_server, reward_funcs=reward_funcs)
+            except McpServerError as error:  # a settings error: one line, before any model loads
+                raise ValueError(f"--mcp_server: {error}") from error
         if self.env_id and self.env_kind == "openenv":
             from textenv.environments.openenv import OpenEnvEnvironments
 
             where = ({"base_url": self.env_id} if self.env_id.startswith(("http://", "https://")) else
                      {"app": self.env_id} if ":" in self.env_id else {"env_id": self.env_id})
-            return OpenEnvEnvironments(**where, max_sessions=self.max_sessions or self.max_concurrency)
+            environments = OpenEnvEnvironments(**where, max_sessions=self.max_sessions or self.max_concurrency)
+            self._kept_server = _keep_serving(environments, self.env_id)
+            return environments
         return None
+
+    def close(self) -> None:
+        """Stop what the options keep for the command (the OpenEnv server of ``--task openenv``)."""
+        kept = self.__dict__.pop("_kept_server", None)
+        if kept is not None:
+            kept.__exit__(None, None, None)
 
     def verifiers_environment(self):
         """The verifiers environment `--env_id` / `--env_args` name, loaded once per process (`None` without `--env_id`)."""
@@ -141,10 +165,10 @@ class GymArguments:
             raise ValueError("the gym task needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id) or --env_id"
                              + (" (an OpenEnv environment's rows: each row's columns go to its reset; give a file of {} lines for "
                                 "an environment that takes none)." if self.env_kind == "openenv" else "."))
-        from textenv.gym.verifiers_messages import is_v1_environment
+        from textenv.environments.verifiers_messages import is_v1_environment
 
         if is_v1_environment(environment):  # its taskset's tasks (choose them with the taskset's config)
-            from textenv.gym.verifiers_v1 import task_rows
+            from textenv.environments.verifiers_v1 import task_rows
 
             return task_rows(environment)
         return load_rows(environment.get_eval_dataset() if split == "eval" else environment.get_dataset())
@@ -181,7 +205,7 @@ class GymArguments:
         if not self.environment_factory:
             return {}
         if not hasattr(self, "_trl_arguments"):
-            from textenv.gym.trl_environments import load_environment_factory, load_functions
+            from textenv.environments.trl import load_environment_factory, load_functions
 
             self._trl_arguments = {
                 "environment_factory": load_environment_factory(self.environment_factory),
@@ -222,6 +246,36 @@ class GymArguments:
         return scheduler
 
 
+def _keep_serving(environments, env_id: str):
+    """Start the OpenEnv environment's server now and keep it for the whole command (`kept_running`, returned:
+    `GymArguments.close` stops it, else the exit does; the server stops itself if this process dies), so that a server that does not start or answer stops
+    the command before any model loads, and a training run's steps do not each start one.
+
+    Raises:
+        ValueError: the server exited or did not answer in time (its log's last lines), or nothing answers at the URL.
+    """
+    import atexit
+
+    import httpx
+
+    from textenv.asyncio_bridge import run_sync
+    from textenv.environments.openenv import read_actions
+    from textenv.environments.openenv_server import ServerStartError
+
+    kept = environments.kept_running()
+    try:
+        url = kept.__enter__()
+    except ServerStartError as error:
+        raise ValueError(f"--env_id {env_id}: {error}") from error
+    atexit.register(kept.__exit__, None, None, None)
+    try:
+        run_sync(read_actions(url, environments.action_field))  # an app whose actions the replies cannot fill fails here
+    except httpx.HTTPError as error:
+        kept.__exit__(None, None, None)
+        raise ValueError(f"--env_id {env_id}: the OpenEnv server did not answer ({type(error).__name__}: {error or 'no answer'}).") from error
+    return kept
+
+
 def _env_args(text: str) -> dict[str, Any]:
     """`--env_args` as a dict.
 
@@ -242,12 +296,12 @@ def _env_args(text: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _load_verifiers_environment(env_id: str, env_args: str):
     """Loaded once per process: the rows and the scheduler of a run share one environment."""
-    from textenv.gym.verifiers_messages import V1_RELEASE, installed_verifiers
+    from textenv.environments.verifiers_messages import V1_RELEASE, installed_verifiers
 
     if installed_verifiers().startswith(V1_RELEASE):  # verifiers 0.4 has only the v1 API
-        from textenv.gym.verifiers_v1 import load_v1_environment
+        from textenv.environments.verifiers_v1 import load_v1_environment
 
         return load_v1_environment(env_id, _env_args(env_args))
-    from textenv.gym.verifiers_envs import load_verifiers_environment
+    from textenv.environments.verifiers import load_verifiers_environment
 
     return load_verifiers_environment(env_id, _env_args(env_args))

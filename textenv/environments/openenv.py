@@ -33,8 +33,9 @@ import importlib.util
 import json
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from textenv.asyncio_bridge import run_sync
 from textenv.checks import check_positive_int
 from textenv.environments.kind import KIND_FIELD, SimpleKind
 from textenv.environments.openenv_server import OpenEnvServer
@@ -112,6 +113,7 @@ class OpenEnvEnvironments(SimpleKind):
         self.message_timeout = message_timeout
         self.name = name or env_id or app or base_url
         self.server: Optional[OpenEnvServer] = None
+        self.kept_url: Optional[str] = None  # the server `kept_running` keeps
         self.actions: Optional[ServedActions] = None
 
     def env_name(self, row: Mapping[str, Any]) -> Optional[str]:
@@ -139,7 +141,7 @@ class OpenEnvEnvironments(SimpleKind):
         if self.actions is not None or self.server is not None:
             raise RuntimeError(f"OpenEnvEnvironments({self.name!r}) is already serving a run; build one kind per concurrent run.")
         try:
-            url = self.base_url
+            url = self.base_url or self.kept_url
             if url is None:
                 self.server = OpenEnvServer(self.app, max_sessions=self.max_sessions, start_timeout=self.start_timeout)
                 url = self.server.launch()
@@ -151,6 +153,27 @@ class OpenEnvEnvironments(SimpleKind):
             if self.server is not None:
                 self.server.stop()
                 self.server = None
+
+
+    @contextlib.contextmanager
+    def kept_running(self) -> Iterator[str]:
+        """Keep the app's server running across runs (a training command's steps each run the scheduler once):
+        while inside, `serving` reads the actions of this one server instead of starting its own. Yields its URL.
+
+        Raises:
+            ServerStartError: the server exited or did not answer in time (with its log's last lines).
+        """
+        if self.base_url is not None:
+            yield self.base_url
+            return
+        server = OpenEnvServer(self.app, max_sessions=self.max_sessions, start_timeout=self.start_timeout)
+        try:
+            self.kept_url = server.launch()
+            run_sync(server.wait_until_ready())
+            yield self.kept_url
+        finally:
+            self.kept_url = None
+            server.stop()
 
 
 def installed_app(env_id: str) -> str:

@@ -1,4 +1,4 @@
-"""`textenv rollout`: play Gym or verifiers episodes with a model and append them to completions.jsonl (no training).
+"""`textenv rollout`: play Gym, MCP, verifiers or OpenEnv episodes with a model and append them to completions.jsonl (no training).
 
 Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`, `GymArguments`, TRL's
 `ModelConfig` for the model, `CommandArguments`), plus `RolloutArguments`; ``--config run.yaml`` works here too.
@@ -7,8 +7,10 @@ Options are the ones `textenv train` takes for its episodes (`EpisodeArguments`,
         --gym_env guess_number --max_turns 4 --output completions.jsonl
     textenv rollout --model bundled --dataset examples/data/counter.jsonl --environment_factory examples/counter_env.py:CounterEnv
     PYTHONPATH=examples/verifiers textenv rollout --model bundled --task verifiers --env_id arithmetic --env_args '{"num_eval_examples": 8}'
-    textenv rollout --model bundled --task openenv --env_id guess_env.server.app:app --dataset rows.jsonl --max_concurrency 4
-    textenv rollout --model bundled --mcp_server "python kv_server.py" --reward_funcs rewards.py:stored --dataset prompts.jsonl
+    PYTHONPATH=examples/openenv textenv rollout --model bundled --task openenv --env_id guess_game:app --dataset examples/data/guess_number.jsonl \\
+        --max_concurrency 4
+    textenv rollout --model bundled --dataset examples/data/notes.jsonl --reward_funcs examples/mcp_servers/rewards.py:saved_the_note \\
+        --mcp_server "python examples/mcp_servers/notes_server.py --notes {episode_dir}/notes.json"
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple:
     if rollout.task not in TASKS:
         raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {rollout.task!r}.")
     gym.check_task(rollout.task)
-    if not gym.dataset and (not gym.env_id or rollout.task == "openenv"):
+    if not gym.dataset and rollout.task == "openenv":
+        raise ValueError("--task openenv needs --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id): each row's "
+                         "columns go to the environment's reset; give a file of {} lines for an environment that takes none.")
+    if not gym.dataset and not gym.env_id:
         raise ValueError("no rows to play: give --dataset (a .jsonl file of rows, a datasets folder or a hub dataset id), "
                          "or --task verifiers --env_id ID.")
     if rollout.num_generations < 1:
@@ -78,12 +83,20 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run `textenv rollout` and return its summary (episodes, mean reward, mean turns, errors, output)."""
+    with settings_phase():
+        episode, gym, rollout, model_config, command = parse(argv)
+    try:
+        return _rollout(episode, gym, rollout, model_config, command)
+    finally:
+        gym.close()  # the environment servers it keeps for the run (--task openenv)
+
+
+def _rollout(episode, gym, rollout, model_config, command) -> dict[str, Any]:
     import torch
 
     from textenv.training.policy import load_policy
 
     with settings_phase():
-        episode, gym, rollout, model_config, command = parse(argv)
         setup_logging(command.log_level)
         rows = gym.prepare(split="eval")
         torch.manual_seed(rollout.seed)

@@ -312,11 +312,19 @@ def check_ranks_agree(trainer) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Run `textenv train` and return its figures (steps run, mean rewards, the output folder, the step logs)."""
+    with settings_phase():
+        options = parse(argv)
+    try:
+        return _train(options)
+    finally:
+        options.gym.close()  # the environment servers it keeps for the run (--task openenv)
+
+
+def _train(options: TrainOptions) -> dict:
     from textenv.ppo.checkpoint import checkpoint_name, save_checkpoint
     from textenv.training.loop import kind_rewards, train
 
     with settings_phase():
-        options = parse(argv)
         run = options.run
         setup_logging(options.command.log_level)
         trainer, episodes = build(options)
