@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from textenv.environments.mcp import McpServers
-from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec
-from textenv.gym import GymScheduler, ScriptedPolicy
+pytest.importorskip("mcp", reason="textenv[mcp] is not installed (tests/scope.py: the main half only)")
+
+from textenv.environments.mcp import McpServers  # noqa: E402
+from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec  # noqa: E402
+from textenv.gym import GymScheduler, ScriptedPolicy  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "mcp_fixtures"
 KV = FIXTURES / "kv_server.py"
