@@ -1,5 +1,5 @@
 """The engine's worker (`textenv.engine.worker`) on a tiny random model: a model error reaches every row and the
-engine serves the next call; a decoding thread that dies fails the requests still waiting; hosting decodes in the
+engine serves the next call; a decoding thread that dies fails every request it holds or that waits; hosting decodes in the
 calling thread, returns the episodes' result and re-raises their error."""
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ def test_a_model_error_reaches_every_row_and_the_next_call_is_served(tiny_model,
     assert [len(c.token_ids) for c in engine.generate_batch(contexts(tokenizer))] == [3, 3, 3]
 
 
-def test_a_dying_decoding_thread_fails_the_requests_still_waiting(tiny_model, tokenizer, monkeypatch):
-    engine = engine_for(tiny_model, tokenizer, batch_size=1)
+@pytest.mark.parametrize("rows_in_its_batch", [False, True])
+def test_a_dying_decoding_thread_fails_every_request_it_holds_or_that_waits(tiny_model, tokenizer, monkeypatch, rows_in_its_batch):
+    """It dies at its second step: with one-token turns in a one-row batch, its batch is empty then and two rows
+    wait; with three-token turns in a two-row batch, two rows are half decoded and one waits."""
+    engine = engine_for(tiny_model, tokenizer, batch_size=2 if rows_in_its_batch else 1)
     take, calls = RequestScheduler.take, []
 
     def dies_at_its_second_step(self, *args, **kwargs):
@@ -71,7 +74,7 @@ def test_a_dying_decoding_thread_fails_the_requests_still_waiting(tiny_model, to
 
     def call() -> None:
         try:
-            engine.generate_batch(contexts(tokenizer), generation_kwargs={"max_new_tokens": 1})
+            engine.generate_batch(contexts(tokenizer), generation_kwargs={"max_new_tokens": 3 if rows_in_its_batch else 1})
         except Dying as error:
             raised.append(error)
 

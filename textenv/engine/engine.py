@@ -199,6 +199,7 @@ class GenerationEngine:
         fast = settings is not None
         checker = self._stop_checker(tuple(stop_strings), settings if fast else None, stop_at_eos)
         context = context.detach().to("cpu", torch.long)
+        done = worker.reported_once(done)
         if fast:
             stream = getattr(owner, "random_stream", None)  # an episode's key carries its own randomness
             return DecodeRequest(context, settings, checker, done, owner=owner if self.reuse_cache else None, stream=stream)

@@ -3,7 +3,7 @@
 `serve` is the decoding thread's whole life: it asks the scheduler what to admit, serves the `generate` batch
 the scheduler hands it, admits rows into the `ContinuousDecoder` and runs one decoding step, until the scheduler
 says nothing runs or waits. A model error fails the rows it concerns and the thread goes on; a thread that dies
-fails every waiting request, so that no episode waits on a thread that is gone.
+fails every request it holds or that waits, so that no episode waits on a thread that is gone.
 
 `run_hosted` decodes in the calling thread while the episodes' event loop runs in a helper thread: decoding in
 the thread that set up torch is faster than in a second one (on a machine with few cores, a second thread's
@@ -13,7 +13,7 @@ OpenMP team makes every team wait passively, about 20% slower here).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import torch
 
@@ -38,6 +38,8 @@ def serve(engine: GenerationEngine, max_rows: int) -> None:
     model, fast_model = unwrap_model(engine.model), decoding_model(engine.model)
     cache_argument = engine._probed_path(fast_model).cache_argument
     decoder = ContinuousDecoder(fast_model, engine.prefix_cache, engine.tokenizer.pad_token_id, max_rows, cache_argument, engine.reuse_cache)
+    admitted: list[DecodeRequest] = []
+    fallback: list[HFGenerateRequest] = []
     try:
         with torch.inference_mode(), engine._autocast(model):
             while True:
@@ -45,8 +47,11 @@ def serve(engine: GenerationEngine, max_rows: int) -> None:
                 if admitted is None:
                     return
                 _step(decoder, model, engine.tokenizer.pad_token_id, admitted, fallback)
-    except BaseException as error:  # never leave requests waiting on a thread that is gone
+    except BaseException as error:  # never leave a request waiting on a thread that is gone
         scheduler.fail_stranded(error)
+        decoder.fail(error)  # the rows it was decoding
+        for request in [*(admitted or []), *fallback]:  # taken but not yet in its batch (a request reports once)
+            request.done(None, error)
         raise
 
 
@@ -65,6 +70,19 @@ def _step(decoder: ContinuousDecoder, model, pad_token_id: int, admitted: list[D
             if request not in running:
                 request.done(None, error)
         decoder.fail(error)
+
+
+def reported_once(done: Callable) -> Callable:
+    """`done`, called at most once: a dying thread fails every request it took, some of which had already
+    been reported (and a blocking call counts each report)."""
+    reported = threading.Event()
+
+    def report(token_ids, outcome) -> None:
+        if not reported.is_set():
+            reported.set()
+            done(token_ids, outcome)
+
+    return report
 
 
 def start_worker(engine: GenerationEngine, max_rows: int) -> threading.Thread:
