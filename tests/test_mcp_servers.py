@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp", reason="textenv[mcp] is not installed (tests/scope.py: the main half only)")
+pytest.importorskip("mcp", reason="the MCP SDK (textenv[mcp]) is not installed")
 
 from textenv.environments.mcp import McpServers  # noqa: E402
 from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec  # noqa: E402
@@ -25,6 +25,7 @@ FIXTURES = Path(__file__).resolve().parent / "mcp_fixtures"
 KV = FIXTURES / "kv_server.py"
 BAD_SCHEMA = FIXTURES / "bad_schema_server.py"
 SQLITE = Path(sys.executable).parent / "mcp-server-sqlite"  # mcp-server-sqlite==2025.4.25, installed by the set-up
+SQLITE_DECORATORS = ("list_resources", "read_resource", "list_prompts", "get_prompt", "list_tools", "call_tool")  # what it uses
 KV_COMMAND = shlex.join([sys.executable, str(KV)])
 KV_TOOLS = ["put", "get", "keys", "pid", "slow", "crash"]
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
@@ -185,7 +186,19 @@ def test_the_tiny_random_model_plays_mcp_episodes_on_the_engine(tiny_model, toke
         assert episode.final_reward == float(len({record["arguments"]["key"] for record in puts}))
 
 
+def skip_unless_mcp_runs_the_sqlite_server() -> None:
+    """Skip (as `pytest.importorskip` would) where the installed mcp lacks what mcp-server-sqlite 2025.4.25 uses: the
+    low-level `Server`'s decorators (``@server.list_tools()``, ...), which mcp 2.x replaced by constructor arguments
+    (``Server(on_list_tools=...)``), though the package asks only for ``mcp>=1.6``."""
+    from mcp.server.lowlevel import Server
+
+    missing = [f"{name}()" for name in SQLITE_DECORATORS if not hasattr(Server, name)]
+    if missing:
+        pytest.skip(f"mcp-server-sqlite registers its handlers with decorators of mcp.server.lowlevel.Server that this mcp lacks: {', '.join(missing)}")
+
+
 def test_a_server_from_pypi_mcp_server_sqlite_gets_a_fresh_database_per_episode(tokenizer):
+    skip_unless_mcp_runs_the_sqlite_server()
     seen = []
 
     async def notes_count(prompts, completions, environments, **kwargs):
@@ -262,7 +275,14 @@ def test_a_server_that_does_not_start_is_refused_with_its_stderr():
 
 @pytest.mark.parametrize("schema, message", [
     ("typo", r"the tool 'lookup' of the MCP server 'bad_schema_server': its inputSchema is not a valid JSON schema \(at properties/term/type: 'strng' is not valid"),
-    ("array", r"the tool 'lookup' of the MCP server 'bad_schema_server': its inputSchema \{\"type\": \"array\".* is not a JSON schema object"),
+    # mcp 1.x hands the tool over and textenv refuses it; mcp 2.x refuses the server's whole answer itself (it checks
+    # results against the protocol's schema), naming the tool by its position: a ValueError naming the server on both
+    ("array", r"the tool 'lookup' of the MCP server 'bad_schema_server': its inputSchema \{\"type\": \"array\".* is not a JSON schema object"
+              r"|the MCP server 'bad_schema_server' answered tools/list with a list of tools that does not follow the MCP protocol, which "
+              r"the mcp SDK refused \(at tools\.0\.inputSchema\.type: Input should be 'object', got 'array'\)"),
+    # neither SDK takes an inputSchema that is not a JSON object: the same refusal on both
+    ("text", r"the MCP server 'bad_schema_server' answered tools/list with a list of tools that does not follow the MCP protocol, which "
+             r"the mcp SDK refused \(at tools\.0\.inputSchema: Input should be a valid dictionary.*, got 'a term'\); fix the tool's definition"),
 ])
 def test_a_tool_without_a_valid_json_schema_object_is_refused(schema, message):
     with pytest.raises(ValueError, match=message):

@@ -1,7 +1,8 @@
-"""An MCP tool server, written with the MCP SDK as its documentation shows (FastMCP over stdio; nothing in it knows
-textenv): notes kept in a JSON file, the state a tool server keeps between calls. ``--notes PATH`` names the file;
-textenv replaces ``{episode_dir}`` in a server's command line with each episode's own folder, so every episode
-starts with no notes. From the repository's folder (docs/guides/environments.md):
+"""An MCP tool server, written with the MCP SDK as its documentation shows (FastMCP over stdio, which mcp 2.x
+renamed MCPServer; nothing in it knows textenv): notes kept in a JSON file, the state a tool server keeps between
+calls. ``--notes PATH`` names the file; textenv replaces ``{episode_dir}`` in a server's command line with each
+episode's own folder, so every episode starts with no notes. From the repository's folder
+(docs/guides/environments.md):
 
     textenv rollout --model bundled --dataset examples/data/notes.jsonl --mcp_server "python examples/mcp_servers/notes_server.py --notes {episode_dir}/notes.json" --reward_funcs examples/mcp_servers/rewards.py:saved_the_note --max_turns 3 --output completions.jsonl
 
@@ -10,10 +11,16 @@ starts with no notes. From the repository's folder (docs/guides/environments.md)
 """
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
-from mcp.server.fastmcp import FastMCP
+if importlib.util.find_spec("mcp.server.mcpserver") is not None:  # mcp 2.x: FastMCP renamed MCPServer
+    from mcp.server.mcpserver import MCPServer as FastMCP
+    from mcp.server.mcpserver.exceptions import ToolError
+else:  # mcp 1.x
+    from mcp.server.fastmcp import FastMCP
+    from mcp.server.fastmcp.exceptions import ToolError
 
 
 def notes_server(notes_file: Path) -> FastMCP:
@@ -36,7 +43,8 @@ def notes_server(notes_file: Path) -> FastMCP:
         """The text of the note saved under a title."""
         notes = load_notes()
         if title not in notes:
-            raise ValueError(f"no note is titled {title!r}; the titles are: {', '.join(sorted(notes)) or 'none'}")
+            # a ToolError's text reaches the model (mcp 2.x withholds any other exception's)
+            raise ToolError(f"no note is titled {title!r}; the titles are: {', '.join(sorted(notes)) or 'none'}")
         return notes[title]
 
     @server.tool()

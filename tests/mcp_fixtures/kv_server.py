@@ -1,13 +1,13 @@
-"""A key-value store served over MCP (FastMCP, stdio): state that must never leak from one episode to another,
-and tools that fail, hang or end the server, for tests/test_mcp_servers.py."""
+"""A key-value store served over MCP (the SDK's FastMCP or MCPServer, see `sdk_server`; stdio): state that must
+never leak from one episode to another, and tools that fail, hang or end the server, for tests/test_mcp_servers.py."""
 
 import asyncio
 import os
 import sys
 
-from mcp.server.fastmcp import FastMCP
+from sdk_server import ToolError, ToolServer
 
-server = FastMCP("kv", log_level="WARNING")
+server = ToolServer("kv", log_level="WARNING")
 store: dict = {}
 
 
@@ -22,7 +22,7 @@ def put(key: str, value: str) -> str:
 def get(key: str) -> str:
     """The value stored under a key."""
     if key not in store:
-        raise KeyError(f"no value stored under {key!r}")
+        raise ToolError(f"no value stored under {key!r}")  # its text reaches the client (any other exception's may not)
     return store[key]
 
 

@@ -79,7 +79,8 @@ class McpServers(SimpleKind):
 
     Raises:
         ValueError: bad `servers`, `scope` or `start_timeout`, no reward function, or a tool whose input schema is
-            not a valid JSON schema object (naming the server and the tool).
+            not a valid JSON schema object (naming the server and the tool; one the mcp SDK itself refuses, which
+            2.x does more often than 1.x, is named by its position: `mcp_session.InvalidToolListing`).
         TypeError: a reward function that is not callable.
         McpServerError: a server that does not start or answer (its command and its stderr's last lines).
     """

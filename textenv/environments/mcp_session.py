@@ -7,10 +7,15 @@ scheduler's timeout), so each connection is entered and exited by its owner task
 `close`; tool calls are requests on the open session, which any task may make. The servers of a session start at
 once (a Python server takes about a second).
 
-Written against what mcp 1.x (the test suite runs 1.30) and 2.x (checked with a 2.3 client) share: `stdio_client`,
+Written against what mcp 1.x and 2.x share (the tests run on 1.30 and on 2.3): `stdio_client`,
 `StdioServerParameters`, `ClientSession.initialize / list_tools(params=...) / call_tool(name, arguments)`, and the
 protocol's camelCase field names through ``model_dump(by_alias=True)`` (2.x renamed the Python attributes:
-``input_schema``, ``is_error``). Only the standard library, anyio and mcp are imported.
+``input_schema``, ``is_error``). Where they differ, it is handled explicitly: the SDK's error answer (1.x
+``McpError``, 2.x ``MCPError``) is read through what both carry, its ``error`` (``ErrorData``: ``code``,
+``message``); and 2.x checks every result against the protocol's schema before returning it, so it refuses a list
+of tools that 1.x hands over (a tool whose ``inputSchema`` is not ``{"type": "object", ...}``): `list_tools` names
+that refusal, on both versions, as `InvalidToolListing`. Only the standard library, anyio, pydantic and mcp are
+imported.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import anyio
+import pydantic
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CONNECTION_CLOSED, PaginatedRequestParams
@@ -37,6 +43,10 @@ CLOSED_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.End
 
 class McpServerError(RuntimeError):
     """A server that did not start, or exited (its connection closed) during a session."""
+
+
+class InvalidToolListing(ValueError):
+    """A server whose list of tools the SDK refused as not following the MCP protocol (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,7 @@ class ServerConnection:
         self.tools: List[dict] = []
         self._session: Optional[ClientSession] = None
         self._stderr: Optional[IO[str]] = None
-        self._failure: Optional[McpServerError] = None
+        self._failure: Optional[Exception] = None  # what `_connect` raised (the SDK's task groups may wrap it on the way out)
         self._owner: Optional[asyncio.Task] = None
         self._ready: Optional[asyncio.Future] = None
         self._stop = asyncio.Event()
@@ -175,7 +185,8 @@ class ServerConnection:
         except Exception as error:  # noqa: BLE001 - sorted: a closed connection, or the server's own error answer
             if connection_closed(error):
                 raise self._error(f"exited during the call to its tool {tool!r}") from error
-            if getattr(error, "error", None) is None:  # not a JSON-RPC error answer: the SDK or the server broke
+            # the SDK's exception for a JSON-RPC error answer, renamed (1.x McpError, 2.x MCPError), carries `error` in both
+            if getattr(error, "error", None) is None:  # not an error answer: the SDK or the server broke
                 raise
             return f"Error: {error}", True
         answer = result.model_dump(by_alias=True, mode="json")
@@ -232,7 +243,10 @@ class ServerConnection:
             read, write = await stack.enter_async_context(stdio_client(self.spec.parameters(directory), errlog=self._stderr))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
-            self.tools = await list_tools(session)
+            self.tools = await list_tools(session, self.spec.name)
+        except InvalidToolListing as error:  # the server runs, but its tools are wrong: a ValueError, as textenv's checks
+            self._failure = error
+            raise
         except Exception as error:  # noqa: BLE001 - named with the server, its command and its stderr
             reason = "exited before answering the MCP handshake" if connection_closed(error) else f"could not be started: {type(error).__name__}: {error}"
             self._failure = self._error(reason)
@@ -240,11 +254,27 @@ class ServerConnection:
         self._session = session
 
 
-async def list_tools(session: ClientSession) -> List[dict]:
-    """Every tool `session`'s server offers (all pages), as the protocol writes them (camelCase fields)."""
+async def list_tools(session: ClientSession, server: str) -> List[dict]:
+    """Every tool `session`'s server (named `server`) offers (all pages), as the protocol writes them (camelCase
+    fields).
+
+    Raises:
+        InvalidToolListing: the SDK refused an answer as not following the protocol, with where and why.
+    """
     tools, cursor = [], None
     while True:
-        page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+        try:
+            page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+        except pydantic.ValidationError as error:
+            # mcp 2.x validates the answer against the protocol's schema, which 1.x does less strictly (1.x returns a
+            # tool whose inputSchema is a JSON array schema, and `check_input_schema` in textenv.environments.mcp
+            # refuses it; 2.x refuses the whole answer here, naming the tool by its position only).
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise InvalidToolListing(
+                f"the MCP server {server!r} answered tools/list with a list of tools that does not follow the MCP protocol, "
+                f"which the mcp SDK refused (at {where}: {first['msg']}, got {first.get('input')!r:.80}); fix the tool's definition in the server."
+            ) from None
         answer = page.model_dump(by_alias=True, mode="json", exclude_none=True)
         tools += answer.get("tools", [])
         cursor = answer.get("nextCursor")
