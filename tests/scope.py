@@ -66,18 +66,16 @@ VERSION_INDEPENDENT = {
                 "reaches transformers and trl through the chat rendering, the engine and the trainers that test_gym_scheduler_*, "
                 "test_trl_environments_* and test_train_command run in both halves")
        for module in ("test_verifiers_adapter.py", "test_verifiers_parity.py", "test_verifiers_environments.py", "test_verifiers_cli.py")},
-    "test_environment_cli.py": ("textenv rollout / train with OpenEnv and MCP servers: openenv and the MCP servers are installed in the "
-                                "main environment only; the commands run in both halves in test_gym_cli and test_train_command"),
-    "test_benchmark_openenv.py": ("the OpenEnv side-by-side benchmark: openenv is installed in the main environment only; the scheduler "
-                                  "and engine it times run in both halves"),
-    "test_mixed_kinds.py": ("verifiers and OpenEnv kinds in one run: both are installed in the main environment only; the "
+    "test_environment_cli.py": ("textenv rollout / train with OpenEnv and MCP servers: the options and their settings errors; the "
+                                "commands run in both halves in test_gym_cli and test_train_command, the OpenEnv and MCP adapters "
+                                "in test_openenv and test_mcp_servers"),
+    "test_benchmark_openenv.py": ("the OpenEnv side-by-side benchmark's quick mode: the scheduler, the engine and the OpenEnv adapter "
+                                  "it times run in both halves"),
+    "test_mixed_kinds.py": ("verifiers and OpenEnv kinds in one run: verifiers is installed in the main environment only; the "
                             "routing and the scheduler run in both halves in test_environment_kinds"),
-    "test_mcp_servers.py": ("MCP tool servers: the mcp SDK (textenv[mcp]) is installed in the main environment only; the adapter "
-                            "reaches transformers and trl through the chat rendering and the engine that test_gym_scheduler_* run in "
-                            "both halves"),
-    "test_openenv.py": ("OpenEnv environments: openenv is installed in the main environment only (textenv[openenv]); the adapter "
-                        "reaches transformers and trl through the chat rendering and the engine that test_gym_scheduler_* run in "
-                        "both halves"),
+    "test_openenv_registry.py": ("an OpenEnv environment package from the registry (openenv-dipg-safety, on openenv-core 0.3): installed "
+                                 "in the lower-bound environment only, where openenv-core replaces openenv 0.10; the adapter is "
+                                 "test_openenv's, which runs in both halves"),
 }
 
 # The modules that run vLLM (servers, or colocated in the test process). `make test` runs them in `.venv-vllm`, where
@@ -90,9 +88,10 @@ VLLM_MODULES = {"test_vllm_backend.py", "test_vllm_overlap.py", "test_server_lif
                 # cannot (its verifiers 0.3.1 runs the classic environments); elsewhere the module skips
                 "test_verifiers_v1.py"}
 
-# Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out).
-# Today only the server modules, and only where vLLM could not be installed (otherwise they run in the vLLM part):
+# Version-independent modules that `make test` runs in the lower-bound half only (`--main-half` leaves them out):
+# the OpenEnv registry package, installed there only, and the server modules, only where vLLM could not be
+# installed (otherwise they run in the vLLM part):
 # the lower-bound half is followed by the vLLM part, the main half by nothing, so every other version-independent
 # module runs in the main half (at one torch thread each half takes about as long as the lower half and the vLLM
 # part together).
-LOWER_HALF_ONLY = {"test_server_lifecycle.py", "test_vllm_overlap.py"}
+LOWER_HALF_ONLY = {"test_server_lifecycle.py", "test_vllm_overlap.py", "test_openenv_registry.py"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv", reason="textenv[openenv] is not installed (tests/scope.py: the main half only)")
+pytest.importorskip("openenv", reason="neither openenv (textenv[openenv]) nor openenv-core is installed")
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

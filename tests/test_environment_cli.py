@@ -8,26 +8,30 @@ examples and its MCP command line, run as written from the repository's folder."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-pytest.importorskip("openenv", reason="textenv[openenv] is not installed (tests/scope.py: the main half only)")
-pytest.importorskip("mcp", reason="textenv[mcp] is not installed (tests/scope.py: the main half only)")
+pytest.importorskip("openenv", reason="neither openenv (textenv[openenv]) nor openenv-core is installed")
+pytest.importorskip("mcp", reason="the MCP SDK (textenv[mcp]) is not installed")
 
 from tests.docs_blocks import ROOT, example_source  # noqa: E402
 from tests.docs_commands import page_commands  # noqa: E402
 from textenv.cli import main, run_command  # noqa: E402
 from textenv.environments.openenv_server import OpenEnvServer  # noqa: E402
 from textenv.gym import read_completions  # noqa: E402
+
+from openenv_fixtures.common import EVENTS  # noqa: E402
+from openenv_fixtures.serving import served  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 GUESS_APP = "openenv_fixtures.guess:app"
@@ -59,6 +63,28 @@ def server_processes() -> list[str]:
         if status and int(status[1]) == os.getpid() and status[0] != "Z" and ("openenv_server" in command or "server.py" in command):
             found.append(command)
     return found
+
+
+def live_commands() -> list[str]:
+    """The command lines of every live process, whoever its parent is now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode() if entry.name.isdigit() else ""
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] if command else "Z"
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(command)
+    return found
+
+
+def gone(pid: int, seconds: float = 10.0) -> bool:
+    """Whether process `pid` is gone (and reaped) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not Path(f"/proc/{pid}").exists()
 
 
 def write_rows(folder: Path, rows: list[dict]) -> Path:
@@ -97,15 +123,8 @@ def no_model(monkeypatch):
 @pytest.fixture()
 def guess_server():
     """The text game served by hand, for ``--env_id http://...`` (textenv then starts nothing)."""
-    server = OpenEnvServer(GUESS_APP, max_sessions=2)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(TESTS))  # its PYTHONPATH is this process's path
-        server.launch()
-    try:
-        asyncio.run(server.wait_until_ready())
+    with served(GUESS_APP, max_sessions=2) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # ------------------------------------------------------------------------------------------- OpenEnv
@@ -153,6 +172,47 @@ def test_train_starts_the_openenv_server_once_for_all_its_steps_and_stops_it(tmp
 
 
 # ------------------------------------------------------------------------------------------- MCP
+def interrupt_when(command: list[str], ready, environment: dict, seconds: float = 120.0) -> subprocess.CompletedProcess:
+    """Run ``textenv COMMAND`` in a process of its own, send it SIGINT (Ctrl-C) once ``ready()`` holds, and wait for
+    it to end."""
+    process = subprocess.Popen([str(Path(sys.executable).parent / "textenv"), *command], env={**os.environ, **environment},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + seconds
+    while not ready() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert process.poll() is None, f"the command ended before it was interrupted: {process.stdout.read()[-2000:]}"
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+def test_ctrl_c_during_an_openenv_rollout_closes_every_session_and_stops_the_server(tmp_path):
+    events = tmp_path / "events.txt"
+    rows = write_rows(tmp_path, [{"secret": index % 10 + 1} for index in range(400)])
+    command = ["rollout", *TINY, "--task", "openenv", "--env_id", GUESS_APP, "--dataset", str(rows), "--max_turns", "5",
+               "--max_concurrency", "2", "--output", str(tmp_path / "completions.jsonl")]
+    opened = lambda: events.exists() and events.read_text().count("opened") >= 4  # noqa: E731 - a few episodes in
+    result = interrupt_when(command, opened, {EVENTS: str(events), "PYTHONPATH": str(TESTS)})
+
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stdout
+    happened = [line.split() for line in events.read_text().splitlines()]  # "opened PID" / "closed PID"
+    kinds = [event for event, _ in happened]
+    assert kinds.count("opened") == kinds.count("closed") > 0, kinds  # every session closed by the client
+    assert len({pid for _, pid in happened}) == 1 and gone(int(happened[0][1]))  # its one server
+
+
+def test_ctrl_c_during_an_mcp_rollout_leaves_no_server_process(tmp_path, rewards_file):
+    marker = str(tmp_path / "this-run")  # an argument the kv server ignores: this test's servers, among any others
+    servers = lambda: [command for command in live_commands() if marker in command]  # noqa: E731
+    rows = write_rows(tmp_path, [{"prompt": "Store a value.", "weight": 1.0}] * 400)
+    command = ["rollout", *TINY, "--dataset", str(rows), "--mcp_server", f"{KV_COMMAND} {marker}", "--reward_funcs",
+               f"{rewards_file}:weight_and_pid", "--max_turns", "3", "--max_concurrency", "2", "--output", str(tmp_path / "out.jsonl")]
+    result = interrupt_when(command, lambda: len(servers()) >= 2, {})
+
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stdout
+    assert servers() == []
+
+
 def test_rollout_plays_mcp_servers_a_server_per_episode_with_the_reward_file(tmp_path, rewards_file):
     rows = write_rows(tmp_path, [{"prompt": "Store a value.", "weight": 0.5}, {"prompt": [{"role": "user", "content": "List the keys."}], "weight": 2}])
     out = tmp_path / "completions.jsonl"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("openenv", reason="textenv[openenv] is not installed (tests/scope.py: the main half only)")
+pytest.importorskip("openenv", reason="neither openenv (textenv[openenv]) nor openenv-core is installed")
 pytest.importorskip("verifiers.legacy", reason="the classic verifiers tests need verifiers 0.3 (textenv[verifiers])")
 
 from textenv.environments import KIND_FIELD, OpenEnvEnvironments  # noqa: E402

@@ -259,7 +259,7 @@ def _keep_serving(environments, env_id: str):
     import httpx
 
     from textenv.asyncio_bridge import run_sync
-    from textenv.environments.openenv import read_actions
+    from textenv.environments.openenv_protocol import read_actions
     from textenv.environments.openenv_server import ServerStartError
 
     kept = environments.kept_running()

@@ -1,6 +1,7 @@
 """An OpenEnv environment, written as OpenEnv documents them (a typed action and observation, an `Environment`, the
 app of `openenv.core.env_server.create_app`; nothing in it knows textenv): guess a number from 1 to 10 in plain
-text, with a hint after each wrong guess; the reward is 1 when the number is found, which ends the episode.
+text (the reply's last number), with a hint after each wrong guess; the reward is 1 when the number is found, which
+ends the episode.
 
 The secret is the reset's `secret` (a dataset column: each row's columns go to ``reset``), else drawn from `seed`.
 textenv serves the app in a process of its own; from the repository's folder (docs/guides/environments.md):
@@ -10,6 +11,7 @@ textenv serves the app in a process of its own; from the repository's folder (do
 
 import os
 import random
+import re
 from typing import Any, Optional
 from uuid import uuid4
 
@@ -17,6 +19,8 @@ from openenv.core.env_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
+
+OPENING = "Guess my number between 1 and 10. Reply with the number only."
 
 
 class GuessAction(Action):
@@ -39,15 +43,17 @@ class GuessEnvironment(Environment):
               **kwargs: Any) -> GuessObservation:
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self.secret = secret if secret is not None else random.Random(seed).randint(1, 10)
-        return GuessObservation(feedback="Guess my number between 1 and 10. Reply with the number only.", reward=0.0)
+        return GuessObservation(feedback=OPENING, reward=0.0, metadata={"secret": self.secret})  # metadata: never shown
 
     def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
         self._state.step_count += 1
-        text = action.guess.strip()
-        if text == str(self.secret):
+        numbers = re.findall(r"\d+", action.guess)
+        if not numbers:
+            return GuessObservation(feedback="Reply with a number.", reward=0.0)
+        guess = int(numbers[-1])  # the reply's last number
+        if guess == self.secret:
             return GuessObservation(feedback="Correct!", reward=1.0, done=True)
-        hint = "higher" if text.isdigit() and int(text) < self.secret else "lower"
-        return GuessObservation(feedback=f"{text} is wrong; try {hint}.", reward=0.0)
+        return GuessObservation(feedback=f"{guess} is wrong; try {'higher' if guess < self.secret else 'lower'}.", reward=0.0)
 
     @property
     def state(self) -> State:

@@ -1,63 +1,39 @@
-"""Guess a number from 1 to 10 in plain text: an OpenEnv `Environment` with a typed action and observation.
+"""The guessing game of examples/openenv/guess_game.py, counted for the tests: each instance's opening and closing and
+each reset's secret are recorded (`/test/sessions`). A guess of ``boom`` makes the step raise (an environment error);
+``sleep`` makes it take two seconds (to cancel an episode while it waits)."""
 
-The secret is the reset's `secret` (a dataset column), else drawn from `seed`. A guess of ``boom`` makes the step
-raise (an environment error); ``sleep`` makes it take two seconds (to cancel an episode while it waits).
-"""
-
-import random
+import sys
 import time
+from pathlib import Path
 from typing import Any, Optional
-from uuid import uuid4
 
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+from openenv_fixtures.common import environment_closed, environment_opened, make_app, reset_seen
 
-from openenv_fixtures.common import environment_closed, environment_opened, make_app
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "openenv"))
+from guess_game import GuessAction, GuessEnvironment, GuessObservation  # noqa: E402
 
 
-class GuessAction(Action):
-    guess: str = Field(description="The number guessed, as text")
-
-
-class GuessObservation(Observation):
-    feedback: str = Field(default="", description="What the game says")
-
-
-class GuessEnvironment(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
+class CountedGuessEnvironment(GuessEnvironment):
     def __init__(self):
         super().__init__()
-        self._state = State(episode_id=str(uuid4()), step_count=0)
-        self.secret = 0
         environment_opened()
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, secret: Optional[int] = None,
               **kwargs: Any) -> GuessObservation:
-        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-        self.secret = secret if secret is not None else random.Random(seed).randint(1, 10)
-        return GuessObservation(feedback="Guess my number between 1 and 10. Reply with the number only.", reward=0.0,
-                                metadata={"secret": self.secret})
+        observation = super().reset(seed=seed, episode_id=episode_id, secret=secret, **kwargs)
+        reset_seen(self.secret)
+        return observation
 
     def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
-        self._state.step_count += 1
         text = action.guess.strip()
         if text == "boom":
             raise RuntimeError("the guess exploded")
         if text == "sleep":
             time.sleep(2.0)
-        if text == str(self.secret):
-            return GuessObservation(feedback="Correct!", reward=1.0, done=True)
-        hint = "higher" if text.isdigit() and int(text) < self.secret else "lower"
-        return GuessObservation(feedback=f"{text} is wrong; try {hint}.", reward=0.0)
-
-    @property
-    def state(self) -> State:
-        return self._state
+        return super().step(action, timeout_s=timeout_s, **kwargs)
 
     def close(self) -> None:
         environment_closed()
 
 
-app = make_app(GuessEnvironment, GuessAction, GuessObservation)
+app = make_app(CountedGuessEnvironment, GuessAction, GuessObservation)

@@ -10,7 +10,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Observation, State
 
-from openenv_fixtures.common import environment_closed, environment_opened, make_app
+from openenv_fixtures.common import environment_closed, environment_opened, make_app, reset_seen
 
 
 class ToolGuessEnvironment(MCPEnvironment):
@@ -44,6 +44,7 @@ class ToolGuessEnvironment(MCPEnvironment):
               **kwargs: Any) -> Observation:
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self.secret = secret if secret is not None else 7
+        reset_seen(self.secret)
         return Observation(reward=0.0, metadata={"secret": self.secret})
 
     def _step_impl(self, action, timeout_s=None, **kwargs) -> Observation:

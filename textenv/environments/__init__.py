@@ -13,7 +13,8 @@
 - `mcp`: `McpServers`, MCP tool servers over stdio as JSON tools, a session (its own server processes) per
   episode; `mcp_session`: `McpSession`, one episode's connections;
 - `openenv`: `OpenEnvEnvironments`, OpenEnv environments served by a local server process, a session per episode;
-  `openenv_server`: that server process.
+  `openenv_protocol`: what the server says, read (actions, observations as text, refusals); `openenv_server`: that
+  server process.
 
 The registered Gym `Env`s are the kind of `textenv.gym` (`textenv.gym.registry.RegisteredEnvs`); the modules
 that were in `textenv.gym` (`textenv.gym.trl_environments`, `verifiers_envs`, `verifiers_v1`, ...) stay importable
