@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
@@ -36,15 +37,16 @@ def call(name: str, **arguments) -> str:
 
 
 def processes_running(program: Path) -> list[int]:
-    """The ids of the processes whose command line holds `program` (this checkout's path: another checkout's
-    tests do not count)."""
+    """The ids of this process's live children whose command line holds `program` (`make test` runs this module in
+    two environments at once, from the same checkout: the other one's servers do not count)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             words = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            status = (entry / "stat").read_text().rsplit(")", 1)[1].split() if str(program).encode() in words else None
         except OSError:
             continue
-        if str(program).encode() in words:
+        if status and int(status[1]) == os.getpid() and status[0] != "Z":
             found.append(int(entry.name))
     return found
 
@@ -308,8 +310,9 @@ def test_a_session_closes_cleanly_from_other_tasks_and_after_a_failed_start():
         with pytest.raises(McpServerError, match="'gone'"):
             await asyncio.create_task(session.start())  # started in one task...
         assert session.connections["kv"].tools  # the other server did start
+        assert len(processes_running(KV)) == 1  # what the other tests count: here, the one server running
         await asyncio.create_task(session.close())  # ...closed in another
-        assert not Path(session.directory).exists()
+        assert not Path(session.directory).exists() and processes_running(KV) == []
         await session.close()  # twice is harmless
 
     asyncio.run(scenario())
