@@ -171,7 +171,7 @@ def test_train_starts_the_openenv_server_once_for_all_its_steps_and_stops_it(tmp
     assert server_processes() == []
 
 
-# ------------------------------------------------------------------------------------------- MCP
+# ------------------------------------------------------------------------------------------- Ctrl-C
 def interrupt_when(command: list[str], ready, environment: dict, seconds: float = 120.0) -> subprocess.CompletedProcess:
     """Run ``textenv COMMAND`` in a process of its own, send it SIGINT (Ctrl-C) once ``ready()`` holds, and wait for
     it to end."""
@@ -213,6 +213,7 @@ def test_ctrl_c_during_an_mcp_rollout_leaves_no_server_process(tmp_path, rewards
     assert servers() == []
 
 
+# ------------------------------------------------------------------------------------------- MCP
 def test_rollout_plays_mcp_servers_a_server_per_episode_with_the_reward_file(tmp_path, rewards_file):
     rows = write_rows(tmp_path, [{"prompt": "Store a value.", "weight": 0.5}, {"prompt": [{"role": "user", "content": "List the keys."}], "weight": 2}])
     out = tmp_path / "completions.jsonl"
