@@ -125,11 +125,12 @@ def test_a_weight_update_waits_for_the_turn_in_flight_and_later_turns_use_the_ne
     time.sleep(0.3)
     with torch.no_grad():
         decoding_model(model).get_input_embeddings().weight.mul_(1.05)
-    asked = time.perf_counter()
+    sync_started, sync = [], engine.sync_weights
+    engine.sync_weights = lambda: sync_started.append(time.perf_counter()) or sync()
     pause_seconds, sync_seconds = engine.publish_weights(1)
     thread.join(60)
-    assert in_flight["completion"].policy_version == 0 and sync_seconds > 0
-    assert client.finished[0] <= asked + pause_seconds  # the update waited for the turn in flight
+    assert in_flight["completion"].policy_version == 0 and sync_seconds > 0 and pause_seconds > 0
+    assert client.finished[0] <= sync_started[0]  # the update waited for the turn in flight
     (after,) = engine.generate_batch([context])
     assert after.policy_version == 1
     check_served_model(engine.clients[0], decoding_model(model), tokenizer, synced=True)
@@ -182,11 +183,13 @@ def test_async_episodes_see_the_environment_as_sync_ones_do(servers, tmp_path, k
 
 # ------------------------------------------------------------------------------------------------ faults and stopping
 class Proxy:
-    """Forwards HTTP to a server until `stop()`: then the server is gone for the client (connection refused)."""
+    """Forwards HTTP to a server until `stop()`: then the server is gone for the client (connection refused). With
+    `dies_at_completion=N` it stops by itself on the N-th ``/v1/completions`` request, leaving that request unanswered
+    (a server that dies while it serves a turn)."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, dies_at_completion: int | None = None):
         target_url = target
-
+        proxy = self
         requests = self.requests = collections.Counter()
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -194,7 +197,12 @@ class Proxy:
                 pass
 
             def forward(self):
-                requests[self.path.split("?")[0]] += 1
+                path = self.path.split("?")[0]
+                requests[path] += 1
+                if path == "/v1/completions" and requests[path] == dies_at_completion:
+                    threading.Thread(target=proxy.stop, daemon=True).start()
+                    self.close_connection = True  # no answer: the connection ends
+                    return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
                 request = urllib.request.Request(target_url + self.path, data=body, method=self.command, headers={"Content-Type": "application/json"})
                 try:
@@ -219,12 +227,14 @@ class Proxy:
 
 
 def test_a_server_dying_mid_run_fails_its_episodes_and_never_deadlocks_the_trainer(servers, tmp_path):
-    proxy = Proxy(servers[0].url)
+    # it dies while serving a turn of the second batch (a batch is 2 episodes of 1-2 turns), however fast the
+    # trainer is (stopped from `on_step`, it could die between batches, and no episode would meet it)
+    proxy = Proxy(servers[0].url, dies_at_completion=5)
     trainer, scheduler, _ = trainer_and_scheduler([proxy.url], client_options={"max_retries": 1, "retry_pause": 0.1, "request_timeout": 30})
     source = GymSource(scheduler, ROWS, 2, completions_path=tmp_path / "completions.jsonl", max_rounds=2)
     started = time.perf_counter()
     with pytest.raises(Exception, match="could not be reached|trainable"):
-        train(trainer, source, 4, progress=False, max_staleness=1, on_step=lambda log: proxy.stop() if log.step == 0 else None)
+        train(trainer, source, 4, progress=False, max_staleness=1)
     assert time.perf_counter() - started < 300 and no_rollout_thread_left()
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]  # whole lines only
     assert any(line["error"] is not None for line in lines)
