@@ -30,6 +30,7 @@ from textenv.cli import main, run_command  # noqa: E402
 from textenv.environments.openenv_server import OpenEnvServer  # noqa: E402
 from textenv.gym import read_completions  # noqa: E402
 
+from live_processes import live_processes, own_children  # noqa: E402
 from openenv_fixtures.common import EVENTS  # noqa: E402
 from openenv_fixtures.serving import served  # noqa: E402
 
@@ -53,30 +54,7 @@ GUIDE = "guides/environments.md"
 
 def server_processes() -> list[str]:
     """The command lines of this process's live children that are environment servers (OpenEnv or MCP)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            status = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode() if status else ""
-        except OSError:
-            continue
-        if status and int(status[1]) == os.getpid() and status[0] != "Z" and ("openenv_server" in command or "server.py" in command):
-            found.append(command)
-    return found
-
-
-def live_commands() -> list[str]:
-    """The command lines of every live process, whoever its parent is now."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode() if entry.name.isdigit() else ""
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] if command else "Z"
-        except OSError:
-            continue
-        if state != "Z":
-            found.append(command)
-    return found
+    return [child.command for child in own_children() if "openenv_server" in child.command or "server.py" in child.command]
 
 
 def gone(pid: int, seconds: float = 10.0) -> bool:
@@ -203,14 +181,14 @@ def test_ctrl_c_during_an_openenv_rollout_closes_every_session_and_stops_the_ser
 
 def test_ctrl_c_during_an_mcp_rollout_leaves_no_server_process(tmp_path, rewards_file):
     marker = str(tmp_path / "this-run")  # an argument the kv server ignores: this test's servers, among any others
-    servers = lambda: [command for command in live_commands() if marker in command]  # noqa: E731
+    servers = lambda: [process.pid for process in live_processes() if marker in process.argv]  # noqa: E731
     rows = write_rows(tmp_path, [{"prompt": "Store a value.", "weight": 1.0}] * 400)
     command = ["rollout", *TINY, "--dataset", str(rows), "--mcp_server", f"{KV_COMMAND} {marker}", "--reward_funcs",
                f"{rewards_file}:weight_and_pid", "--max_turns", "3", "--max_concurrency", "2", "--output", str(tmp_path / "out.jsonl")]
     result = interrupt_when(command, lambda: len(servers()) >= 2, {})
 
     assert result.returncode != 0 and "KeyboardInterrupt" in result.stdout
-    assert servers() == []
+    assert servers() == [], [(p.pid, p.parent, p.argv) for p in live_processes() if marker in p.argv]
 
 
 # ------------------------------------------------------------------------------------------- MCP

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
 import shlex
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK (textenv[mcp]) is not installed")
 
+from live_processes import own_children  # noqa: E402
 from textenv.environments.mcp import McpServers  # noqa: E402
 from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec  # noqa: E402
 from textenv.gym import GymScheduler, ScriptedPolicy  # noqa: E402
@@ -39,16 +39,7 @@ def call(name: str, **arguments) -> str:
 def processes_running(program: Path) -> list[int]:
     """The ids of this process's live children whose command line holds `program` (`make test` runs this module in
     two environments at once, from the same checkout: the other one's servers do not count)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
-            status = (entry / "stat").read_text().rsplit(")", 1)[1].split() if str(program).encode() in words else None
-        except OSError:
-            continue
-        if status and int(status[1]) == os.getpid() and status[0] != "Z":
-            found.append(int(entry.name))
-    return found
+    return [child.pid for child in own_children() if str(program) in child.argv]
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ own `DIPGEnvironment` gives the same reply in this process. The environment read
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("med_safety_gym", reason="openenv-dipg-safety is installed in .venv-lower only (tests/scope.py)")
 
+from live_processes import own_children  # noqa: E402
 from textenv.cli import run_command  # noqa: E402
 from textenv.environments.openenv import OpenEnvEnvironments  # noqa: E402
 from textenv.gym import GymScheduler, ScriptedPolicy, read_completions  # noqa: E402
@@ -66,16 +66,7 @@ def reference_reward(reply: str) -> float:
 
 def server_processes() -> list[int]:
     """This process's live children that are OpenEnv servers."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        try:
-            status = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-            command = (entry / "cmdline").read_bytes().decode(errors="replace") if status else ""
-        except OSError:
-            continue
-        if status and int(status[1]) == os.getpid() and status[0] != "Z" and "openenv_server" in command:
-            children.append(int(entry.name))
-    return children
+    return [child.pid for child in own_children() if "textenv.environments.openenv_server" in child.argv]
 
 
 def test_the_registry_package_is_played_unchanged_each_reward_the_packages_own(dipg_dataset, tokenizer):
