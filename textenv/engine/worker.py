@@ -7,11 +7,14 @@ fails every request it holds or that waits, so that no episode waits on a thread
 
 `run_hosted` decodes in the calling thread while the episodes' event loop runs in a helper thread: decoding in
 the thread that set up torch is faster than in a second one (on a machine with few cores, a second thread's
-OpenMP team makes every team wait passively, about 20% slower here).
+OpenMP team makes every team wait passively, about 20% slower here). When decoding stops with an interrupt (Ctrl-C),
+the episodes are cancelled and given time to close their envs (an MCP server, an OpenEnv session) before it
+propagates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -25,6 +28,9 @@ from textenv.engine.unwrapping import decoding_model, unwrap_model
 
 if TYPE_CHECKING:
     from textenv.engine.engine import GenerationEngine
+
+
+EPISODES_CLOSING_SECONDS = 60.0  # the longest a Ctrl-C waits for the cancelled episodes to close their envs
 
 
 def serve(engine: GenerationEngine, max_rows: int) -> None:
@@ -102,9 +108,13 @@ def run_hosted(engine: GenerationEngine, coroutine: Awaitable) -> Any:
         return run_sync(coroutine)
     outcome: dict[str, Any] = {}
 
+    async def tracked() -> Any:
+        outcome["loop"], outcome["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        return await coroutine
+
     def episodes() -> None:
         try:
-            outcome["result"] = run_sync(coroutine)
+            outcome["result"] = asyncio.run(tracked())  # this new thread has no event loop
         except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
             outcome["error"] = error
         finally:
@@ -112,7 +122,13 @@ def run_hosted(engine: GenerationEngine, coroutine: Awaitable) -> Any:
 
     helper = threading.Thread(target=episodes, name="textenv-episodes", daemon=True)
     helper.start()
-    serve(engine, engine.batch_size)
+    try:
+        serve(engine, engine.batch_size)
+    except BaseException:  # Ctrl-C while decoding: cancel the episodes, so that each closes its env (its servers)
+        if "task" in outcome:
+            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+        helper.join(EPISODES_CLOSING_SECONDS)
+        raise
     helper.join()
     if "error" in outcome:
         raise outcome["error"]
