@@ -13,6 +13,7 @@ import pytest
 from sandbox_probe import alive, own_sandbox_parent, sandbox_processes
 from textenv.tools import TOOL_ERROR_PREFIX, PythonInterpreter
 from textenv.tools.python_interpreter import strip_code_fence
+from textenv.tools.sandbox import process as sandbox_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox tests target Linux")
 
@@ -118,6 +119,30 @@ def test_infinite_loop_times_out(interpreter):
 def test_sleeping_forever_times_out_and_keeps_earlier_output():
     result = PythonInterpreter(timeout=1)("print('started')\nimport time\ntime.sleep(60)")
     assert result == f"{TOOL_ERROR_PREFIX}timed out after 1 s\nstarted\n"
+
+
+def _slow_set_up(monkeypatch, seconds):
+    """The child program, made to spend ``seconds`` setting up before its layers (as on a loaded machine)."""
+    assert PythonInterpreter(timeout=3)("pass") == ""  # the interpreter is probed (once) with the real set-up
+    monkeypatch.setattr(sandbox_process, "BOOTSTRAP", f"import time; time.sleep({seconds})\n" + sandbox_process.BOOTSTRAP)
+
+
+def test_the_timeout_counts_from_when_the_code_starts_not_from_a_slow_set_up(monkeypatch):
+    _slow_set_up(monkeypatch, 1.5)
+    interpreter = PythonInterpreter(timeout=1)
+    result = interpreter.run("import time\ntime.sleep(0.5)\nprint('done')")
+    assert (result.stdout, result.timed_out) == ("done\n", False)
+    assert 1.5 <= result.code_started_after < result.duration
+    assert interpreter("print('started')\nimport time\ntime.sleep(60)") == f"{TOOL_ERROR_PREFIX}timed out after 1 s\nstarted\n"
+
+
+def test_a_set_up_slower_than_its_limit_is_killed_and_named(monkeypatch):
+    _slow_set_up(monkeypatch, 60)
+    monkeypatch.setattr(sandbox_process, "SET_UP_SECONDS", 0.5)
+    started = time.monotonic()
+    result = PythonInterpreter(timeout=10)("print('never')")
+    assert time.monotonic() - started < 5
+    assert result == f"{TOOL_ERROR_PREFIX}the sandbox was not set up within 0.5 s (is the machine overloaded?)"
 
 
 def test_ten_gigabyte_allocation_hits_the_memory_limit(interpreter):

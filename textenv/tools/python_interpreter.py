@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .base import TOOL_ERROR_PREFIX
 from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox import process as sandbox_process
 from .sandbox.isolation import describe_missing, isolation_layers
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class PythonInterpreter:
 
     Args:
         timeout (`float`, *optional*, defaults to 5.0):
-            Wall-clock seconds per call.
+            Wall-clock seconds the code may run per call, counted once the sandbox is set up (about
+            50 ms; up to 30 s is allowed for that on a loaded machine).
         memory_mb (`int`, *optional*, defaults to 512):
             Address-space limit of the child, in MiB.
         max_output_chars (`int`, *optional*, defaults to 10000):
@@ -180,6 +182,9 @@ class PythonInterpreter:
         """The text the model sees for ``result``."""
         separator = "\n" if result.stdout and result.stderr and not result.stdout.endswith("\n") else ""
         output = result.stdout + separator + result.stderr
+        if result.timed_out and result.code_started_after is None:
+            limit = sandbox_process.SET_UP_SECONDS
+            return self._error(f"the sandbox was not set up within {limit:g} s (is the machine overloaded?)", output)
         if result.timed_out:
             return self._error(f"timed out after {self.timeout:g} s", output)
         if result.output_limited:

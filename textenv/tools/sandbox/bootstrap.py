@@ -56,10 +56,8 @@ def disabled_layers_for_testing() -> list[str]:
     return names
 
 
-def read_status(status_read: int) -> dict:
-    """The layers the child reported as active on the pipe ``status_read`` (closed here); empty if none."""
-    with os.fdopen(status_read, "rb") as status:
-        raw = status.read(65536)
+def parse_status(raw: bytes) -> dict:
+    """The layers the child reported as active on the status pipe (``raw``, all it wrote); empty if none."""
     try:
         return json.loads(raw) if raw else {}
     except ValueError:

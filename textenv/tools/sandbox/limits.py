@@ -10,7 +10,8 @@ class SandboxLimits:
     """Limits of one sandboxed run.
 
     Args:
-        timeout (`float`): Wall-clock seconds before the process group is killed.
+        timeout (`float`): Wall-clock seconds the code may run before the process group is killed, counted
+            from when the sandbox is set up (setting up has its own limit: ``process.SET_UP_SECONDS``).
         memory_mb (`int`): Address-space limit (RLIMIT_AS) in MiB.
         max_output_chars (`int`): Characters of stdout + stderr read before the process is killed.
         max_processes (`int`): RLIMIT_NPROC: processes and threads of the sandbox, counted apart from the

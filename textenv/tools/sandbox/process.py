@@ -1,5 +1,9 @@
 """The parent side of a sandboxed run: start the bootstrap in a fresh working directory, read its output
-under the wall-clock timeout and the output cap, and always clean up afterwards."""
+under the wall-clock timeout and the output cap, and always clean up afterwards.
+
+The timeout counts from the moment the child has set up its layers and starts the code (it reports them
+on the status pipe just before): setting up takes about 50 ms on a quiet machine but seconds on a loaded
+one, and that must not eat the code's own time. Setting up has its own limit, :data:`SET_UP_SECONDS`."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from .bootstrap import BOOTSTRAP, child_config, read_status
+from .bootstrap import BOOTSTRAP, child_config, parse_status
 from .identity import IDENTITIES, Identity, running_as_root
 from .interpreter import sandbox_interpreter
 from .limits import SandboxLimits
@@ -22,6 +27,7 @@ from .workspace import child_environment, prepare_workdir, remove_tree
 
 _STREAMS = ("stdout", "stderr")
 _PROBE_CODE = "import ast, encodings, json, math, resource, traceback"
+SET_UP_SECONDS = 30.0  # from starting the process until the code runs (the layers are set up)
 
 
 @dataclass
@@ -31,9 +37,12 @@ class SandboxResult:
     Attributes:
         stdout, stderr (`str`): Captured output (capped by ``max_output_chars`` together).
         returncode (`int` or `None`): Exit status; negative for a signal, as in :mod:`subprocess`.
-        timed_out (`bool`): The wall-clock timeout killed the run.
+        timed_out (`bool`): The wall-clock timeout killed the run (or setting up the sandbox took longer
+            than :data:`SET_UP_SECONDS`: ``code_started_after`` is then `None`).
         output_limited (`bool`): The output cap was reached and the run was killed.
-        duration (`float`): Wall-clock seconds.
+        duration (`float`): Wall-clock seconds, setting up included.
+        code_started_after (`float` or `None`): Seconds from starting the process until the code ran
+            (the layers were set up); `None` if it never ran.
         layers (`dict`): The isolation layers the child reported as active (``network_namespace``,
             ``uid``, ``rlimits``, ``audit_hook``, ...); empty if it died before reporting.
     """
@@ -44,6 +53,7 @@ class SandboxResult:
     timed_out: bool = False
     output_limited: bool = False
     duration: float = 0.0
+    code_started_after: float | None = None
     layers: dict = field(default_factory=dict)
 
 
@@ -86,11 +96,13 @@ def _run_in(workdir: str, limits: SandboxLimits, interpreter: str, identity: Ide
         raise
     finally:
         os.close(status_write)
+    status = _Status(status_read)
     try:
-        result = _collect(process, limits, started)
+        result = _collect(process, limits, status, started)
     finally:
         kill_everything(process, identity)
-    result.layers = read_status(status_read)
+        reported = status.finish()
+    result.layers = parse_status(reported)
     return result
 
 
@@ -129,10 +141,32 @@ class _CappedOutput:
         return "".join(self._texts[stream])
 
 
-def _collect(process: subprocess.Popen, limits: SandboxLimits, started: float) -> SandboxResult:
+class _Status:
+    """The status pipe: the child writes its layers and closes it just before the code runs."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = bytearray()
+        self.closed_at: float | None = None
+
+    def add(self, chunk: bytes) -> None:
+        if chunk:
+            self.data += chunk
+        else:
+            self.closed_at = time.monotonic()
+
+    def finish(self) -> bytes:
+        """Everything the child wrote (read to the end once the child is gone); closes the pipe."""
+        with os.fdopen(self.fd, "rb") as pipe:
+            if self.closed_at is None:
+                self.data += pipe.read(65536)
+        return bytes(self.data)
+
+
+def _collect(process: subprocess.Popen, limits: SandboxLimits, status: _Status, started: float) -> SandboxResult:
     """Read stdout/stderr until both close, the timeout passes or the output cap is reached."""
     output = _CappedOutput(limits.max_output_chars)
-    timed_out = _read_until_done(process, output, started + limits.timeout)
+    timed_out = _read_until_done(process, output, status, lambda: _deadline(status, limits, started))
     if timed_out or output.limited:
         kill_group(process)
     returncode = wait(process)
@@ -143,29 +177,47 @@ def _collect(process: subprocess.Popen, limits: SandboxLimits, started: float) -
         timed_out=timed_out,
         output_limited=output.limited,
         duration=time.monotonic() - started,
+        code_started_after=None if status.closed_at is None else status.closed_at - started,
     )
 
 
-def _read_until_done(process: subprocess.Popen, output: _CappedOutput, deadline: float) -> bool:
-    """Feed ``output`` until both pipes close, the cap is reached or ``deadline`` passes (returns `True`)."""
+def _deadline(status: _Status, limits: SandboxLimits, started: float) -> float:
+    if status.closed_at is None:
+        return started + SET_UP_SECONDS
+    return status.closed_at + limits.timeout
+
+
+def _read_until_done(process: subprocess.Popen, output: _CappedOutput, status: _Status,
+                     deadline: Callable[[], float]) -> bool:
+    """Feed ``output`` and ``status`` until the output pipes close, the cap is reached or ``deadline()``
+    passes (returns `True`)."""
     exited_at = None
     with selectors.DefaultSelector() as selector:
         for name in _STREAMS:
             selector.register(getattr(process, name), selectors.EVENT_READ, name)
-        while selector.get_map():
+        selector.register(status.fd, selectors.EVENT_READ, "status")
+        while any(key.data != "status" for key in selector.get_map().values()):
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline():
+                _read_ready(selector, output, status, 0)  # what the code wrote in time, if this thread was late
                 return True
             if exited_at is None and process.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.2:
                 return False  # the main process is gone; a leftover child is holding the pipes open
-            for key, _ in selector.select(timeout=min(0.05, deadline - now)):
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                output.add(key.data, chunk)
-                if output.limited:
-                    return False
+            _read_ready(selector, output, status, min(0.05, deadline() - now))
+            if output.limited:
+                return False
     return False
+
+
+def _read_ready(selector: selectors.BaseSelector, output: _CappedOutput, status: _Status, timeout: float) -> None:
+    """One read from each pipe that is ready within ``timeout`` seconds; a closed pipe is unregistered."""
+    for key, _ in selector.select(timeout=timeout):
+        chunk = os.read(key.fd, 65536)
+        if key.data == "status":
+            status.add(chunk)
+        elif chunk:
+            output.add(key.data, chunk)
+        if not chunk:
+            selector.unregister(key.fileobj)
