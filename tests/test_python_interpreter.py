@@ -109,11 +109,9 @@ def test_layers_are_reported():
 
 
 def test_infinite_loop_times_out(interpreter):
-    started = time.monotonic()
-    result = interpreter("while True:\n    pass")
-    elapsed = time.monotonic() - started
-    assert result.startswith(f"{TOOL_ERROR_PREFIX}timed out after 3 s")
-    assert 2.9 < elapsed < 5
+    raw = interpreter.run("while True:\n    pass")
+    assert interpreter.format_result(raw).startswith(f"{TOOL_ERROR_PREFIX}timed out after 3 s")
+    assert 3 <= raw.duration - raw.code_started_after < 5  # the code's own time, then the kill
 
 
 def test_sleeping_forever_times_out_and_keeps_earlier_output():
@@ -146,17 +144,17 @@ def test_a_set_up_slower_than_its_limit_is_killed_and_named(monkeypatch):
 
 
 def test_ten_gigabyte_allocation_hits_the_memory_limit(interpreter):
-    started = time.monotonic()
-    result = interpreter("data = bytearray(10 * 1024 ** 3)\nprint(len(data))")
-    assert time.monotonic() - started < 3
+    raw = interpreter.run("data = bytearray(10 * 1024 ** 3)\nprint(len(data))")
+    result = interpreter.format_result(raw)
+    assert not raw.timed_out  # refused at once, not left to the 3 s timeout
     assert result.startswith(f"{TOOL_ERROR_PREFIX}memory limit of 256 MB exceeded")
     assert "MemoryError" in result
 
 
 def test_printing_a_billion_characters_is_cut_at_the_output_limit(interpreter):
-    started = time.monotonic()
-    result = interpreter("import sys\nfor _ in range(10 ** 6):\n    sys.stdout.write('x' * 1000)")
-    assert time.monotonic() - started < 3
+    raw = interpreter.run("import sys\nfor _ in range(10 ** 6):\n    sys.stdout.write('x' * 1000)")
+    result = interpreter.format_result(raw)
+    assert (raw.output_limited, raw.timed_out) == (True, False)  # killed at the cap, not at the timeout
     assert result.startswith(f"{TOOL_ERROR_PREFIX}output limit of 2000 characters exceeded")
     assert len(result) < 2200
 
