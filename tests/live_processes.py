@@ -12,6 +12,7 @@ from typing import List
 class LiveProcess:
     pid: int
     parent: int
+    group: int
     argv: List[str]
 
     @property
@@ -26,12 +27,12 @@ def live_processes() -> List[LiveProcess]:
         if not entry.name.isdigit():
             continue
         try:
-            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            state, parent, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
         except (OSError, ValueError):
             continue
         if state != "Z":
-            found.append(LiveProcess(int(entry.name), int(parent), argv))
+            found.append(LiveProcess(int(entry.name), int(parent), int(group), argv))
     return found
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from live_processes import live_processes
+
 SANDBOX_PREFIX = "textenv-sandbox-"  # tempfile.mkdtemp's prefix in textenv/tools/sandbox/process.py
 
 
@@ -39,19 +41,9 @@ def environ_of(pid: int) -> bytes:
         return b""
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def sandbox_processes(parent: Path) -> list[int]:
     """Live processes (pids as seen from here) whose environment names a sandbox working directory in
     ``parent``: every process a sandboxed run starts inherits it, and inside a PID namespace their own pids
     mean nothing here."""
     marker = os.path.join(str(parent), SANDBOX_PREFIX).encode()
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and marker in environ_of(int(entry)) and alive(int(entry))]
+    return [process.pid for process in live_processes() if marker in environ_of(process.pid)]

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sandbox_probe import alive, own_sandbox_parent, sandbox_processes
+from live_processes import own_children
+from sandbox_probe import own_sandbox_parent, sandbox_processes
 from textenv.tools import TOOL_ERROR_PREFIX, PythonInterpreter
 from textenv.tools.python_interpreter import strip_code_fence
 from textenv.tools.sandbox import process as sandbox_process
@@ -26,18 +27,7 @@ def interpreter():
 
 
 def _children_of_this_process() -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == os.getpid() and alive(int(entry)):
-            children.append(int(entry))
-    return children
+    return [process.pid for process in own_children()]
 
 
 # --- normal use -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from live_processes import live_processes
 from textenv.vllm.client import VLLMServerClient
 from textenv.vllm.server import VLLMServer, find_vllm_python, free_port
 
@@ -84,15 +85,7 @@ def fake_vllm(tmp_path, monkeypatch) -> dict[str, str]:
 # ------------------------------------------------------------------------------ helpers
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid` (zombies count as gone)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+    return [process.pid for process in live_processes() if process.group == pgid]
 
 
 def wait_for(condition, timeout: float, what: str):
