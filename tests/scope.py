@@ -18,6 +18,7 @@ END_TO_END = ("an end-to-end run through the training loop, the trainers and the
 
 VERSION_INDEPENDENT = {
     "test_calculator.py": "the calculator tool: Python arithmetic and parsing only",
+    "test_asyncio_bridge.py": "run_sync: asyncio and threads only",
     "test_python_interpreter.py": "the sandboxed interpreter: subprocesses and the kernel's sandbox layers",
     "test_sandbox_reads.py": "the sandbox's read confinement: the kernel's layers, no model",
     "test_tool_faults.py": "tools that fail or hang: textenv's threads and subprocesses around a stub policy",
