@@ -31,6 +31,7 @@ from textenv.environments.openenv_server import OpenEnvServer  # noqa: E402
 from textenv.gym import read_completions  # noqa: E402
 
 from live_processes import live_processes, own_children  # noqa: E402
+from mcp_play import KV_TOOLS, ServedKv  # noqa: E402
 from openenv_fixtures.common import EVENTS  # noqa: E402
 from openenv_fixtures.serving import served  # noqa: E402
 
@@ -39,7 +40,6 @@ GUESS_APP = "openenv_fixtures.guess:app"
 BROKEN_APP = "openenv_fixtures.broken_app:app"
 KV_SERVER = TESTS / "mcp_fixtures" / "kv_server.py"
 KV_COMMAND = shlex.join([sys.executable, str(KV_SERVER)])
-KV_TOOLS = ["put", "get", "keys", "pid", "slow", "crash"]
 TINY = ["--model_name_or_path", "tiny", "--max_new_tokens", "3", "--no_progress"]
 ONE_STEP = ["--ppo_steps", "1", "--batch_size", "2", "--mini_batch_size", "2", "--max_concurrency", "2"]
 OPENING = "Guess my number between 1 and 10. Reply with the number only."
@@ -205,6 +205,23 @@ def test_rollout_plays_mcp_servers_a_server_per_episode_with_the_reward_file(tmp
     pids = [record["trajectory_infos"][-1]["log_extra"]["server_pid"] for record in records]
     assert len(set(pids)) == 4  # each episode had a server of its own
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()] and server_processes() == []
+
+
+def test_rollout_plays_a_running_server_by_its_url_a_session_per_episode(tmp_path, rewards_file):
+    served = ServedKv(tmp_path, token=None)
+    rows = write_rows(tmp_path, [{"prompt": "Store a value.", "weight": 1}])
+    out = tmp_path / "completions.jsonl"
+    try:
+        with pytest.warns(UserWarning, match=r"the MCP server\(s\) '127-0-0-1' \(http://127.0.0.1:\d+/mcp\) run outside textenv"):
+            summary = run_command(["rollout", *TINY, "--dataset", str(rows), "--mcp_server", served.url, "--reward_funcs",
+                                   f"{rewards_file}:weight_and_pid", "--num_generations", "3", "--max_turns", "2", "--output", str(out)])
+        assert served.process.poll() is None  # textenv did not start it, so it does not stop it
+    finally:
+        served.stop()
+    assert summary["episodes"] == 3 and summary["errors"] == 0
+    records = by_row(out)
+    assert [(record["env_kind"], record["env"], record["total_reward"]) for record in records] == [("mcp", "127-0-0-1", 1.0)] * 3
+    assert {record["trajectory_infos"][-1]["log_extra"]["server_pid"] for record in records} == {served.process.pid}
 
 
 def test_train_grpo_on_mcp_servers(tmp_path, rewards_file):

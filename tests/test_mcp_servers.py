@@ -18,22 +18,16 @@ import pytest
 pytest.importorskip("mcp", reason="the MCP SDK (textenv[mcp]) is not installed")
 
 from live_processes import own_children  # noqa: E402
+from mcp_play import KV, KV_TOOLS, call, row, scheduler, stored_keys, tool_results  # noqa: E402
 from textenv.environments.mcp import McpServers  # noqa: E402
 from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec  # noqa: E402
-from textenv.gym import GymScheduler, ScriptedPolicy  # noqa: E402
+from textenv.gym import GymScheduler  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "mcp_fixtures"
-KV = FIXTURES / "kv_server.py"
 BAD_SCHEMA = FIXTURES / "bad_schema_server.py"
 SQLITE = Path(sys.executable).parent / "mcp-server-sqlite"  # mcp-server-sqlite==2025.4.25, installed by the set-up
 SQLITE_DECORATORS = ("list_resources", "read_resource", "list_prompts", "get_prompt", "list_tools", "call_tool")  # what it uses
 KV_COMMAND = shlex.join([sys.executable, str(KV)])
-KV_TOOLS = ["put", "get", "keys", "pid", "slow", "crash"]
-CALL = '<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
-
-
-def call(name: str, **arguments) -> str:
-    return CALL.format(name=name, arguments=json.dumps(arguments))
 
 
 def processes_running(program: Path) -> list[int]:
@@ -49,41 +43,9 @@ def no_server_left():
     assert processes_running(KV) == [] and processes_running(SQLITE) == []
 
 
-async def stored_keys(prompts, completions, environments, **kwargs):
-    """The reward: how many keys the episode's own store holds at the end (read from the server)."""
-    keys = await environments[0].call_tool("keys")
-    return [0.0 if keys == "(empty)" else float(len(keys.split(",")))]
-
-
 @pytest.fixture(scope="module")
 def kv():
     return McpServers(KV_COMMAND, reward_funcs=[stored_keys])
-
-
-def scripted(tokenizer, plans):
-    """A policy whose k-th reply in an episode is ``plans[word][k]`` (the last one repeated), `word` being the first
-    word of the row's user message."""
-
-    def reply(context: str) -> str:
-        word = context.split("<|im_start|>user\n", 1)[1].split()[0]
-        turn = context.count("<|im_start|>assistant") - 1
-        replies = plans[word]
-        return replies[min(turn, len(replies) - 1)]
-
-    return ScriptedPolicy(tokenizer, reply)
-
-
-def scheduler(tokenizer, kind, plans, **kwargs):
-    kwargs.setdefault("max_turns", 4)
-    return GymScheduler(None, tokenizer, policy=scripted(tokenizer, plans), environments=kind, loss_scale="all", **kwargs)
-
-
-def row(text: str) -> dict:
-    return {"prompt": [{"role": "user", "content": text}]}
-
-
-def tool_results(episode) -> list[str]:
-    return [message["content"] for message in episode.messages if message["role"] == "tool"]
 
 
 STORE = {"Store": ["\n".join([call("keys"), call("pid"), call("put", key="name", value="ada")]), "Done."]}
@@ -232,8 +194,12 @@ def test_several_servers_from_a_config_file_prefix_their_tools(tokenizer, tmp_pa
 @pytest.mark.parametrize("servers, message", [
     ("  ", "the command line for the server is empty"),
     ({}, "the config names no server"),
-    ({"mcpServers": {"web": {"url": "http://localhost:1234/mcp"}}}, r"servers\['web'\]: give \{'command'"),
-    ({"web": {"command": "srv", "type": "http"}}, "only stdio servers are played"),
+    ({"mcpServers": {"web": {"args": ["x"]}}}, r"servers\['web'\]: give \{'command'"),
+    ({"web": {"command": "srv", "type": "http"}}, r"a stdio server is described by \['command', 'args', 'env', 'cwd'\]; remove \['type'\]"),
+    ({"web": {"url": "http://localhost:1234/mcp", "type": "sse"}}, "the SSE transport .* is not played; serve the server over streamable HTTP"),
+    ({"web": {"url": "localhost:1234/mcp"}}, r"servers\['web'\]: 'url' must be an http:// or https:// address"),
+    ({"web": {"url": "http://localhost:1234/mcp", "command": "srv"}}, r"described by \['url', 'headers'\] .*; remove \['command'\]"),
+    ({"web": {"url": "http://localhost:1234/mcp", "headers": {"X-Retries": 3}}}, "'headers' must map names to strings"),
     ({"kv": {"command": "python", "args": "server.py"}}, "'args' must be a list of strings"),
     ({"kv": {"command": "python", "env": {"DEBUG": 1}}}, "'env' must map names to strings"),
     ({"my kv": "python a.py", "other": "python b.py"}, "use letters, digits, '_' and '-'"),

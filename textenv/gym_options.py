@@ -38,8 +38,9 @@ class GymArguments:
     )
     mcp_server: Optional[str] = field(
         default=None,
-        metadata={"help": "MCP tool servers instead of --gym_env: a command line ('python server.py --db {episode_dir}/db.sqlite') or a .json "
-                  "config of several ({\"mcpServers\": {...}}); each episode gets its own server processes; rewards from --reward_funcs"},
+        metadata={"help": "MCP tool servers instead of --gym_env: a command line ('python server.py --db {episode_dir}/db.sqlite'; each episode "
+                  "gets its own server processes), the URL of a running server (http://host:port/mcp, streamable HTTP: one server, a "
+                  "session per episode) or a .json config of several ({\"mcpServers\": {...}}); rewards from --reward_funcs"},
     )
     env_id: Optional[str] = field(default=None, metadata={"help": "--task verifiers: the installed verifiers environment (its id or module name); "
                                                                   "--task openenv: the OpenEnv environment (an installed package's name, module:app, or a server's http URL)"})

@@ -1,11 +1,12 @@
 """A key-value store served over MCP (the SDK's FastMCP or MCPServer, see `sdk_server`; stdio): state that must
-never leak from one episode to another, and tools that fail, hang or end the server, for tests/test_mcp_servers.py."""
+never leak from one episode to another, and tools that fail, hang or end the server, for tests/test_mcp_servers.py (and tests/test_mcp_http.py, served
+over streamable HTTP with ``--http PORT``)."""
 
 import asyncio
 import os
 import sys
 
-from sdk_server import ToolError, ToolServer
+from sdk_server import Context, ToolError, ToolServer, serve
 
 server = ToolServer("kv", log_level="WARNING")
 store: dict = {}
@@ -39,6 +40,12 @@ def pid() -> int:
 
 
 @server.tool()
+def session(ctx: Context) -> str:
+    """An id of the MCP session this call came on (each client connection opens its own)."""
+    return str(id(ctx.session))
+
+
+@server.tool()
 async def slow(seconds: float) -> str:
     """Answer after some seconds (the server keeps reading its input meanwhile)."""
     await asyncio.sleep(seconds)
@@ -53,4 +60,4 @@ def crash() -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    serve(server)

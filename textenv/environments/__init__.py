@@ -10,8 +10,9 @@
 - `verifiers`: classic verifiers environments (0.3); `verifiers_v1`: verifiers v1 tasksets (0.4), with
   `verifiers_endpoint` (the OpenAI-compatible endpoint their harness asks) and `verifiers_messages` (messages
   between verifiers and textenv);
-- `mcp`: `McpServers`, MCP tool servers over stdio as JSON tools, a session (its own server processes) per
-  episode; `mcp_session`: `McpSession`, one episode's connections;
+- `mcp`: `McpServers`, MCP tool servers as JSON tools, a session (its own server processes over stdio, or its own
+  session on a server reached by URL) per episode; `mcp_config`: the `servers=` argument read; `mcp_session`:
+  `McpSession`, one episode's connections;
 - `openenv`: `OpenEnvEnvironments`, OpenEnv environments served by a local server process, a session per episode;
   `openenv_protocol`: what the server says, read (actions, observations as text, refusals); `openenv_server`: that
   server process.

@@ -7,6 +7,11 @@ server across rollouts; ``scope="run"`` does the same here, one session for the 
 state.) A server that keeps its state in files must be pointed at the episode's folder: ``{episode_dir}`` in its
 command, arguments, environment or working folder is replaced by it (also in ``$TEXTENV_EPISODE_DIR``).
 
+A server already running elsewhere is reached by its URL over streamable HTTP (``http://host:port/mcp``, or
+``{"url": ..., "headers": {...}}`` in a config). textenv does not start it, so it cannot give each episode a fresh
+one: each episode opens its own MCP session to it, and whatever the server keeps outside its sessions is shared by
+every episode (a warning says so once).
+
 - The rows are TRL rows: `prompt` (chat messages, or a string) opens the episode; the other columns go to the
   reward functions.
 - The servers' tools (listed from each episode's session) are offered as JSON tools through the chat template,
@@ -28,29 +33,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import re
 import resource
-import shlex
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from textenv.asyncio_bridge import run_sync
 from textenv.environments.kind import SimpleKind
-from textenv.environments.mcp_session import McpServerError, McpSession, ServerSpec
+from textenv.environments.mcp_config import ServersConfig, parse_servers, warn_shared_url_servers
+from textenv.environments.mcp_session import McpServerError, McpSession
 from textenv.gym.env import Env, Messages, RolloutInferRequest
 from textenv.environments.environment_thread import EnvironmentThread
 from textenv.environments.trl import as_functions, call_environment_code, opening_messages, reward_funcs_total, run_tool_calls
 
 SCOPES = ("episode", "run")
 DEFAULT_START_TIMEOUT = 60.0  # seconds a server may take to start (a Python server imports for about a second)
-SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # what a tool name may hold, so `<server>_<tool>` is one too
-SPEC_KEYS = ("command", "args", "env", "cwd", "type")
-LAUNCHERS = ("uvx", "npx", "pipx")  # programs that start the package named after them (its name names the server)
 FILES_PER_SERVER = 3  # measured: the server's stdin and stdout pipes and its stderr file, in this process
 FILES_KEPT_FREE = 256  # for the rest of the run (model files, the engine, logs)
-
-ServersConfig = Union[str, Mapping[str, Any]]
 
 
 class McpServers(SimpleKind):
@@ -64,9 +61,10 @@ class McpServers(SimpleKind):
 
     Args:
         servers (`str` or `dict`): one server's command line (``"python server.py --flag"``, split as a shell
-            would), the path of an MCP client config file (``.json``), or its contents: ``{"mcpServers": {name:
-            {"command", "args", "env", "cwd"}}}`` (the ``"mcpServers"`` level may be left out; a server may also be
-            a command line string).
+            would) or URL (``"http://host:port/mcp"``, streamable HTTP), the path of an MCP client config file
+            (``.json``), or its contents: ``{"mcpServers": {name: {"command", "args", "env", "cwd"} or {"url",
+            "headers"}}}`` (the ``"mcpServers"`` level may be left out; a server may also be a command line or a
+            URL string).
         reward_funcs (`Callable` or `list[Callable]`): TRL reward functions; their sum is each episode's reward.
         scope (`str`, defaults to `"episode"`): `"episode"`: a session (and processes) per episode; `"run"`: one
             session for the whole run, shared by every episode (state is then shared too).
@@ -100,6 +98,7 @@ class McpServers(SimpleKind):
         self.scope = scope
         self.start_timeout = float(start_timeout)
         self.name = "+".join(spec.name for spec in self.specs)
+        warn_shared_url_servers(self.specs, scope)
         self.shared_session: Optional[McpSession] = None
         self.tool_schemas = run_sync(self._probe())
 
@@ -288,66 +287,3 @@ def check_input_schema(server: str, tool: Mapping[str, Any]) -> None:
     except SchemaError as error:
         at = "/".join(str(part) for part in error.path) or "the top"
         raise ValueError(f"{where}: its inputSchema is not a valid JSON schema (at {at}: {error.message}); fix the tool's definition in the server.") from None
-
-
-def parse_servers(servers: ServersConfig) -> List[ServerSpec]:
-    """The servers of `McpServers`' `servers` argument (see there).
-
-    Raises:
-        ValueError: an empty command or config, a server without a command, a bad field, or (with several servers)
-            a name that is not letters, digits, ``_`` and ``-``.
-    """
-    if isinstance(servers, str):
-        if servers.strip().endswith(".json") and os.path.isfile(servers.strip()):
-            return parse_servers(json.loads(Path(servers.strip()).read_text(encoding="utf-8")))
-        return [command_spec(None, servers)]
-    if not isinstance(servers, Mapping):
-        raise ValueError(f"servers: a {type(servers).__name__}; give a command line, a config file path, or a dict {{name: {{'command': ..., 'args': [...]}}}}.")
-    entries = servers.get("mcpServers", servers)
-    if not isinstance(entries, Mapping) or not entries:
-        raise ValueError("servers: the config names no server; give {'mcpServers': {name: {'command': ..., 'args': [...]}}}.")
-    specs = [entry_spec(str(name), entry) for name, entry in entries.items()]
-    for spec in specs:
-        if len(specs) > 1 and not SERVER_NAME.match(spec.name):
-            raise ValueError(f"servers: the server name {spec.name!r} becomes part of its tools' names; use letters, digits, '_' and '-'.")
-    return specs
-
-
-def command_spec(name: Optional[str], command: str) -> ServerSpec:
-    """A server from a command line; unnamed, it is named after its program (or its script, or its ``-m`` module)."""
-    words = shlex.split(command)
-    if not words:
-        raise ValueError(f"servers: the command line for {name or 'the server'} is empty; give the program and its arguments, e.g. 'python server.py'.")
-    return ServerSpec(name or program_name(words), words[0], tuple(words[1:]))
-
-
-def entry_spec(name: str, entry: Any) -> ServerSpec:
-    """A server from one entry of an MCP client config: a command line, or ``{"command", "args", "env", "cwd"}``."""
-    if isinstance(entry, str):
-        return command_spec(name, entry)
-    where = f"servers[{name!r}]"
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("command"), str) or not entry["command"].strip():
-        raise ValueError(f"{where}: give {{'command': 'program', 'args': [...]}} (a stdio server) or a command line string.")
-    unknown = sorted(set(entry) - set(SPEC_KEYS))
-    if unknown or entry.get("type", "stdio") != "stdio":
-        raise ValueError(f"{where}: only stdio servers are played, described by {list(SPEC_KEYS[:4])}; remove {unknown or ['type']}.")
-    args, env, cwd = entry.get("args", []), entry.get("env", {}), entry.get("cwd")
-    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-        raise ValueError(f"{where}: 'args' must be a list of strings, got {args!r:.80}.")
-    if not isinstance(env, Mapping) or not all(isinstance(value, str) for value in env.values()):
-        raise ValueError(f"{where}: 'env' must map names to strings, got {env!r:.80}.")
-    if cwd is not None and not isinstance(cwd, str):
-        raise ValueError(f"{where}: 'cwd' must be a folder path, got {cwd!r:.80}.")
-    return ServerSpec(name, entry["command"], tuple(args), dict(env), cwd)
-
-
-def program_name(words: Sequence[str]) -> str:
-    """The name of a server started by `words`: ``python server.py`` -> ``server``, ``python -m pkg.mod`` -> ``mod``,
-    ``uvx mcp-server-time`` or ``npx -y pkg`` -> the package, else the program (``mcp-server-sqlite``)."""
-    program, rest = Path(words[0]).name, list(words[1:])
-    if program.startswith("python") and "-m" in rest[:-1]:
-        return rest[rest.index("-m") + 1].rsplit(".", 1)[-1]
-    launched = next((word for word in rest if not word.startswith("-")), None)
-    if launched and (program.startswith("python") and "-c" not in rest or program in LAUNCHERS):
-        return Path(launched).stem if program.startswith("python") else launched
-    return program

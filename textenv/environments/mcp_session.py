@@ -1,5 +1,6 @@
-"""MCP client sessions over stdio: `McpSession`, one connection to each of a set of servers, each connection
-(`ServerConnection`: the server's process and the SDK's client session) owned by a task of its own.
+"""MCP client sessions: `McpSession`, one connection to each of a set of servers, each connection
+(`ServerConnection`: the server's process over stdio, or its URL over streamable HTTP, and the SDK's client
+session) owned by a task of its own.
 
 The `mcp` SDK's `stdio_client` and `ClientSession` are anyio task groups: they must be entered and exited in the
 same task. The episode driver runs an env's `reset`, `step` and `close` as separate tasks (each under the
@@ -8,14 +9,16 @@ scheduler's timeout), so each connection is entered and exited by its owner task
 once (a Python server takes about a second).
 
 Written against what mcp 1.x and 2.x share (the tests run on 1.30 and on 2.3): `stdio_client`,
-`StdioServerParameters`, `ClientSession.initialize / list_tools(params=...) / call_tool(name, arguments)`, and the
-protocol's camelCase field names through ``model_dump(by_alias=True)`` (2.x renamed the Python attributes:
-``input_schema``, ``is_error``). Where they differ, it is handled explicitly: the SDK's error answer (1.x
-``McpError``, 2.x ``MCPError``) is read through what both carry, its ``error`` (``ErrorData``: ``code``,
-``message``); and 2.x checks every result against the protocol's schema before returning it, so it refuses a list
-of tools that 1.x hands over (a tool whose ``inputSchema`` is not ``{"type": "object", ...}``): `list_tools` names
-that refusal, on both versions, as `InvalidToolListing`. Only the standard library, anyio, pydantic and mcp are
-imported.
+`StdioServerParameters`, `streamable_http_client(url, http_client=create_mcp_http_client(headers=...))` (whose
+streams are the first two items it yields: 1.x adds a third; the factory's module is private in both, and makes the
+client of the HTTP library each uses: httpx, httpx2), `ClientSession.initialize / list_tools(params=...) /
+call_tool(name, arguments)`, and the protocol's camelCase field names through ``model_dump(by_alias=True)`` (2.x
+renamed the Python attributes: ``input_schema``, ``is_error``). Where they differ, it is handled explicitly: the
+SDK's error answer (1.x ``McpError``, 2.x ``MCPError``) is read through what both carry, its ``error``
+(``ErrorData``: ``code``, ``message``); and 2.x checks every result against the protocol's schema before returning
+it, so it refuses a list of tools that 1.x hands over (a tool whose ``inputSchema`` is not ``{"type": "object",
+...}``): `list_tools` names that refusal, on both versions, as `InvalidToolListing`. Only the standard library,
+anyio, pydantic and mcp are imported.
 """
 
 from __future__ import annotations
@@ -27,22 +30,28 @@ import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Awaitable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import anyio
 import pydantic
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CONNECTION_CLOSED, PaginatedRequestParams
 
 EPISODE_DIR = "{episode_dir}"  # replaced, in a server's command, args, env and cwd, by the session's own folder
 EPISODE_DIR_VARIABLE = "TEXTENV_EPISODE_DIR"  # the same folder, in every server's environment
 STDERR_LINES = 8  # the last lines of a server's stderr an error quotes
-CLOSED_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
+CLOSED_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)  # + ConnectionLost, below
 
 
 class McpServerError(RuntimeError):
     """A server that did not start, or exited (its connection closed) during a session."""
+
+
+class ConnectionLost(ConnectionError):
+    """The connection to a server ended while a request waited for its answer."""
 
 
 class InvalidToolListing(ValueError):
@@ -51,26 +60,31 @@ class InvalidToolListing(ValueError):
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """How to start one MCP server over stdio, as MCP clients' config files write it.
+    """One MCP server, as MCP clients' config files write it: a program textenv starts and talks to over stdio, or
+    (with `url`) a server already running, reached over streamable HTTP.
 
     Attributes:
         name (`str`): the server's name (tool names are prefixed with it when a session has several servers).
-        command (`str`): the program.
+        command (`str`): the program (empty for a `url`).
         args (`tuple[str]`): its arguments.
         env (`dict[str, str]`): variables added to the SDK's default environment (``HOME``, ``PATH``, ...: the
             server does not inherit the caller's whole environment).
         cwd (`str`, *optional*): its working folder (default: the caller's).
+        url (`str`, *optional*): the endpoint of a server reached over streamable HTTP (``http://host:port/mcp``).
+        headers (`dict[str, str]`): HTTP headers sent to `url` (an ``Authorization`` token).
     """
 
     name: str
-    command: str
+    command: str = ""
     args: Tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Optional[str] = None
+    url: Optional[str] = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        """The command line, quoted as a shell would need it."""
-        return shlex.join([self.command, *self.args])
+        """The command line, quoted as a shell would need it, or the URL."""
+        return self.url or shlex.join([self.command, *self.args])
 
     def parameters(self, episode_dir: str) -> StdioServerParameters:
         """The SDK's parameters, with `EPISODE_DIR` replaced by `episode_dir` everywhere."""
@@ -153,6 +167,7 @@ class ServerConnection:
         self._session: Optional[ClientSession] = None
         self._stderr: Optional[IO[str]] = None
         self._failure: Optional[Exception] = None  # what `_connect` raised (the SDK's task groups may wrap it on the way out)
+        self._broken: Optional[Exception] = None  # what ended the connection during the session
         self._owner: Optional[asyncio.Task] = None
         self._ready: Optional[asyncio.Future] = None
         self._stop = asyncio.Event()
@@ -181,16 +196,29 @@ class ServerConnection:
             McpServerError: the server exited (its connection closed) before answering.
         """
         try:
-            result = await self._session.call_tool(tool, arguments)
+            result = await self._answer(self._session.call_tool(tool, arguments))
         except Exception as error:  # noqa: BLE001 - sorted: a closed connection, or the server's own error answer
             if connection_closed(error):
-                raise self._error(f"exited during the call to its tool {tool!r}") from error
+                cause = f" ({first_cause(error)})" if self.spec.url else ""  # a process's exit says it all; a URL's failure may not
+                raise self._error(f"{self._lost} during the call to its tool {tool!r}{cause}") from error
             # the SDK's exception for a JSON-RPC error answer, renamed (1.x McpError, 2.x MCPError), carries `error` in both
             if getattr(error, "error", None) is None:  # not an error answer: the SDK or the server broke
                 raise
             return f"Error: {error}", True
         answer = result.model_dump(by_alias=True, mode="json")
         return content_text(answer), bool(answer.get("isError"))
+
+    async def _answer(self, request: Awaitable[Any]) -> Any:
+        """What `request` returns, or `ConnectionLost` once the connection's owner task has ended (mcp 1.x leaves a
+        request to a URL server waiting forever when the connection fails: its transport ends the owner instead)."""
+        call = asyncio.ensure_future(request)
+        try:
+            await asyncio.wait({call, self._owner}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                raise ConnectionLost("the connection closed") from self._broken
+            return call.result()
+        finally:
+            call.cancel()  # unless done: the owner ended first, or this wait was cancelled (a step timeout)
 
     async def close(self) -> None:
         """End the session and the server (the SDK closes its stdin, then sends SIGTERM, then SIGKILL). Safe after
@@ -229,18 +257,21 @@ class ServerConnection:
                 self._ready.set_result(None)
                 await self._stop.wait()
         except Exception as error:  # noqa: BLE001 - a start failure goes to `start`, a teardown failure to `close`
-            if self._ready.done():
+            if not self._ready.done():
+                self._ready.set_exception(self._failure or self._start_failure(error))
+            elif self._stop.is_set():
                 raise
-            self._ready.set_exception(self._failure or error)
+            else:
+                # the connection broke during the session (a URL server's transport fails its task group): the call
+                # waiting on it, or the next one, reports it (`_answer`), not `close`
+                self._broken = error
         finally:
             if not self._ready.done():  # cancelled while starting: nobody waits for the outcome any more
                 self._ready.cancel()
 
     async def _connect(self, stack: contextlib.AsyncExitStack, directory: str) -> None:
-        # append mode: the server's writes land at the end whatever offset `stderr_tail` left (the offset is shared)
-        self._stderr = stack.enter_context(tempfile.TemporaryFile("a+", encoding="utf-8", errors="replace"))
         try:
-            read, write = await stack.enter_async_context(stdio_client(self.spec.parameters(directory), errlog=self._stderr))
+            read, write = await self._transport(stack, directory)
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
             self.tools = await list_tools(session, self.spec.name)
@@ -248,10 +279,30 @@ class ServerConnection:
             self._failure = error
             raise
         except Exception as error:  # noqa: BLE001 - named with the server, its command and its stderr
-            reason = "exited before answering the MCP handshake" if connection_closed(error) else f"could not be started: {type(error).__name__}: {error}"
-            self._failure = self._error(reason)
+            self._failure = self._start_failure(error)
             raise self._failure from error
         self._session = session
+
+    def _start_failure(self, error: BaseException) -> McpServerError:
+        if connection_closed(error):
+            return self._error(f"{self._lost} before answering the MCP handshake")
+        failed = "could not be reached (is it running? are the URL and its headers right?)" if self.spec.url else "could not be started"
+        return self._error(f"{failed}: {first_cause(error)}")
+
+    @property
+    def _lost(self) -> str:
+        """What losing the connection means: a process that exited, or a URL that no longer answers."""
+        return "stopped answering" if self.spec.url else "exited"
+
+    async def _transport(self, stack: contextlib.AsyncExitStack, directory: str) -> Tuple[Any, Any]:
+        """The read and write streams to the server: its process's stdio, or its URL."""
+        if self.spec.url:
+            client = await stack.enter_async_context(create_mcp_http_client(headers=dict(self.spec.headers)))
+            streams = await stack.enter_async_context(streamable_http_client(self.spec.url, http_client=client))
+            return streams[0], streams[1]
+        # append mode: the server's writes land at the end whatever offset `stderr_tail` left (the offset is shared)
+        self._stderr = stack.enter_context(tempfile.TemporaryFile("a+", encoding="utf-8", errors="replace"))
+        return await stack.enter_async_context(stdio_client(self.spec.parameters(directory), errlog=self._stderr))
 
 
 async def list_tools(session: ClientSession, server: str) -> List[dict]:
@@ -300,6 +351,18 @@ def content_text(answer: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def first_cause(error: BaseException) -> str:
+    """``"Type: first line of the message"`` of `error`, or of the first error inside it when it is a task group's
+    exception group."""
+    if isinstance(error, ConnectionLost) and error.__cause__ is not None:
+        error = error.__cause__
+    while getattr(error, "exceptions", None):  # an exception group (a builtin from Python 3.11 only)
+        error = error.exceptions[0]
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip()
+
+
 def connection_closed(error: BaseException) -> bool:
-    """Whether `error` says the server's connection closed (the SDK's CONNECTION_CLOSED error, or a closed stream)."""
-    return isinstance(error, CLOSED_ERRORS) or getattr(getattr(error, "error", None), "code", None) == CONNECTION_CLOSED
+    """Whether `error` says the server's connection closed (the SDK's CONNECTION_CLOSED error, a closed stream, or
+    `ConnectionLost`)."""
+    return isinstance(error, (*CLOSED_ERRORS, ConnectionLost)) or getattr(getattr(error, "error", None), "code", None) == CONNECTION_CLOSED
