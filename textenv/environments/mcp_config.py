@@ -91,11 +91,11 @@ def url_spec(name: Optional[str], entry: Mapping[str, Any]) -> ServerSpec:
     unknown = sorted(set(entry) - set(URL_KEYS))
     if unknown or entry.get("type", "http") not in HTTP_TYPES:
         raise ValueError(f"{where}: a server reached by URL is described by {list(URL_KEYS[:2])} (type one of {list(HTTP_TYPES)}); remove {unknown or ['type']}.")
-    if not isinstance(url, str) or not is_url(url) or not urllib.parse.urlsplit(url).hostname:
+    host = urllib.parse.urlsplit(url).hostname if isinstance(url, str) and is_url(url) else None
+    if not host:
         raise ValueError(f"{where}: 'url' must be an http:// or https:// address such as 'http://127.0.0.1:8000/mcp', got {url!r:.80}.")
     if not isinstance(headers, Mapping) or not all(isinstance(value, str) for value in headers.values()):
         raise ValueError(f"{where}: 'headers' must map names to strings, got {headers!r:.80}.")
-    host = urllib.parse.urlsplit(url).hostname
     return ServerSpec(name or re.sub(r"[^A-Za-z0-9_-]", "-", host), url=url, headers=dict(headers))
 
 

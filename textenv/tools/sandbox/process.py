@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .bootstrap import BOOTSTRAP, child_config, parse_status
 from .identity import IDENTITIES, Identity, running_as_root
@@ -166,7 +165,7 @@ class _Status:
 def _collect(process: subprocess.Popen, limits: SandboxLimits, status: _Status, started: float) -> SandboxResult:
     """Read stdout/stderr until both close, the timeout passes or the output cap is reached."""
     output = _CappedOutput(limits.max_output_chars)
-    timed_out = _read_until_done(process, output, status, lambda: _deadline(status, limits, started))
+    timed_out = _read_until_done(process, output, status, limits, started)
     if timed_out or output.limited:
         kill_group(process)
     returncode = wait(process)
@@ -182,30 +181,31 @@ def _collect(process: subprocess.Popen, limits: SandboxLimits, status: _Status, 
 
 
 def _deadline(status: _Status, limits: SandboxLimits, started: float) -> float:
+    """The set-up limit until the child reports (closes the status pipe), then the code's own timeout from there."""
     if status.closed_at is None:
         return started + SET_UP_SECONDS
     return status.closed_at + limits.timeout
 
 
-def _read_until_done(process: subprocess.Popen, output: _CappedOutput, status: _Status,
-                     deadline: Callable[[], float]) -> bool:
-    """Feed ``output`` and ``status`` until the output pipes close, the cap is reached or ``deadline()``
-    passes (returns `True`)."""
+def _read_until_done(process: subprocess.Popen, output: _CappedOutput, status: _Status, limits: SandboxLimits,
+                     started: float) -> bool:
+    """Feed ``output`` and ``status`` until the output pipes close, the cap is reached or the deadline (`_deadline`,
+    which moves once the code starts) passes (returns `True`)."""
     exited_at = None
     with selectors.DefaultSelector() as selector:
         for name in _STREAMS:
             selector.register(getattr(process, name), selectors.EVENT_READ, name)
         selector.register(status.fd, selectors.EVENT_READ, "status")
         while any(key.data != "status" for key in selector.get_map().values()):
-            now = time.monotonic()
-            if now >= deadline():
+            now, deadline = time.monotonic(), _deadline(status, limits, started)
+            if now >= deadline:
                 _read_ready(selector, output, status, 0)  # what the code wrote in time, if this thread was late
                 return True
             if exited_at is None and process.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.2:
                 return False  # the main process is gone; a leftover child is holding the pipes open
-            _read_ready(selector, output, status, min(0.05, deadline() - now))
+            _read_ready(selector, output, status, min(0.05, deadline - now))
             if output.limited:
                 return False
     return False
